@@ -1,0 +1,550 @@
+"""Qwen3.5, dense and MoE: 3 of every 4 layers are Gated DeltaNet, the 4th gated full attention.
+
+Conventions fixed here, once, at load time (the reference is transformers' `models/qwen3_5`):
+- RMSNorm is zero-centred in the checkpoint (y = x̂·(1 + w)); we store 1 + w and use a plain
+  RMSNorm. The gated norm inside Gated DeltaNet is not zero-centred (y = x̂·w·silu(z)).
+- Projections that read the same input are fused into one matrix (GDN: qkv|z|b|a; attention:
+  q+gate|k|v; MLP: gate|up), so each layer makes one matmul where the checkpoint has several.
+- Gated DeltaNet keeps A as -exp(A_log) in fp32; its state is fp32 whatever the weight dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from summarize.engine.diagnostics import LayerReport, Listener, NonFiniteStateError, SpanReport
+from summarize.engine.ops.gated_delta_rule import (
+    DeltaRuleStats,
+    chunk_gated_delta_rule,
+    recurrent_step_gated_delta_rule,
+)
+from summarize.engine.state import KVCache, RecurrentLayerState, State
+from summarize.errors import SummarizeError
+
+MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+PREFILL_BLOCK_TOKENS = 2048  # prefill runs in blocks of at most this many tokens: bounded activations
+L2NORM_EPS = 1e-6  # as the reference (and flash-linear-attention) normalise q and k
+
+
+@dataclass(frozen=True)
+class Qwen35Config:
+    vocab_size: int
+    hidden_size: int
+    layer_types: tuple[str, ...]
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    # full attention
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rope_theta: float
+    partial_rotary_factor: float
+    # Gated DeltaNet
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int
+    # dense MLP
+    intermediate_size: int | None
+    # MoE (num_experts == 0 for dense models)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+
+    @classmethod
+    def from_dict(cls, config: dict) -> Qwen35Config:
+        """Read a checkpoint's config.json (text config at top level or under `text_config`)."""
+        text = config.get("text_config", config)
+        rope = text.get("rope_parameters") or {}
+        num_layers = text["num_hidden_layers"]
+        layer_types = text.get("layer_types") or [
+            "full_attention" if (i + 1) % text.get("full_attention_interval", 4) == 0 else "linear_attention"
+            for i in range(num_layers)
+        ]
+        head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+        tie = config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+        return cls(
+            vocab_size=text["vocab_size"],
+            hidden_size=text["hidden_size"],
+            layer_types=tuple(layer_types[:num_layers]),
+            rms_norm_eps=text.get("rms_norm_eps", 1e-6),
+            tie_word_embeddings=bool(tie),
+            num_attention_heads=text["num_attention_heads"],
+            num_key_value_heads=text["num_key_value_heads"],
+            head_dim=head_dim,
+            rope_theta=rope.get("rope_theta", text.get("rope_theta", 10_000_000)),
+            partial_rotary_factor=rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25)),
+            linear_num_key_heads=text["linear_num_key_heads"],
+            linear_num_value_heads=text["linear_num_value_heads"],
+            linear_key_head_dim=text["linear_key_head_dim"],
+            linear_value_head_dim=text["linear_value_head_dim"],
+            linear_conv_kernel_dim=text.get("linear_conv_kernel_dim", 4),
+            intermediate_size=text.get("intermediate_size"),
+            num_experts=text.get("num_experts", 0) or 0,
+            num_experts_per_tok=text.get("num_experts_per_tok", 0) or 0,
+            moe_intermediate_size=text.get("moe_intermediate_size", 0) or 0,
+            shared_expert_intermediate_size=text.get("shared_expert_intermediate_size", 0) or 0,
+        )
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + self.value_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+
+# ---------------------------------------------------------------------------------------------
+# The checkpoint's name table: every text tensor we read, with its shape. Names are relative to
+# the text model (`model.` or `model.language_model.` stripped); `lm_head.weight` is top level.
+# Everything else in a checkpoint (model.visual.*, mtp.*) is never read.
+# ---------------------------------------------------------------------------------------------
+
+
+def checkpoint_shapes(cfg: Qwen35Config, *, fused_experts: bool = True) -> dict[str, tuple[int, ...]]:
+    H, V = cfg.hidden_size, cfg.vocab_size
+    shapes: dict[str, tuple[int, ...]] = {"embed_tokens.weight": (V, H), "norm.weight": (H,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (V, H)
+    for i, kind in enumerate(cfg.layer_types):
+        p = f"layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (H,)
+        shapes[p + "post_attention_layernorm.weight"] = (H,)
+        if kind == "linear_attention":
+            a = p + "linear_attn."
+            hv = cfg.linear_num_value_heads
+            shapes |= {
+                a + "in_proj_qkv.weight": (cfg.conv_dim, H),
+                a + "in_proj_z.weight": (cfg.value_dim, H),
+                a + "in_proj_b.weight": (hv, H),
+                a + "in_proj_a.weight": (hv, H),
+                a + "conv1d.weight": (cfg.conv_dim, 1, cfg.linear_conv_kernel_dim),
+                a + "dt_bias": (hv,),
+                a + "A_log": (hv,),
+                a + "norm.weight": (cfg.linear_value_head_dim,),
+                a + "out_proj.weight": (H, cfg.value_dim),
+            }
+        elif kind == "full_attention":
+            a = p + "self_attn."
+            nq, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+            shapes |= {
+                a + "q_proj.weight": (2 * nq * d, H),  # query and output gate, interleaved per head
+                a + "k_proj.weight": (nkv * d, H),
+                a + "v_proj.weight": (nkv * d, H),
+                a + "o_proj.weight": (H, nq * d),
+                a + "q_norm.weight": (d,),
+                a + "k_norm.weight": (d,),
+            }
+        else:
+            raise ValueError(f"unknown layer type {kind!r} at layer {i}")
+        m = p + "mlp."
+        if cfg.num_experts:
+            E, I, S = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+            shapes |= {
+                m + "gate.weight": (E, H),
+                m + "shared_expert.gate_proj.weight": (S, H),
+                m + "shared_expert.up_proj.weight": (S, H),
+                m + "shared_expert.down_proj.weight": (H, S),
+                m + "shared_expert_gate.weight": (1, H),
+            }
+            if fused_experts:
+                shapes[m + "experts.gate_up_proj"] = (E, 2 * I, H)
+                shapes[m + "experts.down_proj"] = (E, H, I)
+            else:
+                for e in range(E):
+                    shapes[m + f"experts.{e}.gate_proj.weight"] = (I, H)
+                    shapes[m + f"experts.{e}.up_proj.weight"] = (I, H)
+                    shapes[m + f"experts.{e}.down_proj.weight"] = (H, I)
+        else:
+            I = cfg.intermediate_size
+            shapes |= {
+                m + "gate_proj.weight": (I, H),
+                m + "up_proj.weight": (I, H),
+                m + "down_proj.weight": (H, I),
+            }
+    return shapes
+
+
+Take = Callable[[str], Tensor]  # name -> tensor on the target device, in the target dtype
+
+
+# ---------------------------------------------------------------------------------------------
+# Layers
+# ---------------------------------------------------------------------------------------------
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Plain RMSNorm computed in fp32 (weight already holds 1 + w for the zero-centred norms)."""
+    return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
+
+
+def l2norm(x: Tensor) -> Tensor:
+    return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+class GatedDeltaNet(nn.Module):
+    """Token mixer of a linear-attention layer: projections, causal conv, gates, one op call."""
+
+    def __init__(self, cfg: Qwen35Config, take: Take, prefix: str) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.num_k_heads, self.num_v_heads = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.k_dim, self.v_dim = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        self.key_dim = self.num_k_heads * self.k_dim
+        self.split = (cfg.conv_dim, cfg.value_dim, self.num_v_heads, self.num_v_heads)  # qkv | z | b | a
+        in_proj = torch.cat([take(prefix + f"in_proj_{n}.weight") for n in ("qkv", "z", "b", "a")])
+        self.register_buffer("in_proj", in_proj)
+        self.register_buffer("conv", take(prefix + "conv1d.weight")[:, 0, :].contiguous())  # [C, kernel]
+        self.register_buffer("dt_bias", take(prefix + "dt_bias").float())
+        self.register_buffer("neg_A", -take(prefix + "A_log").float().exp())
+        self.register_buffer("norm", take(prefix + "norm.weight"))
+        self.register_buffer("out_proj", take(prefix + "out_proj.weight"))
+        self.eps = cfg.rms_norm_eps
+
+    def forward(self, x: Tensor, state: RecurrentLayerState, with_stats: bool) -> tuple[Tensor, DeltaRuleStats | None]:
+        B, T, _ = x.shape
+        qkv, z, b, a = F.linear(x, self.in_proj).split(self.split, dim=-1)
+        qkv = self._causal_conv(qkv, state)  # [B, T, conv_dim]
+        q, k, v = qkv.split((self.key_dim, self.key_dim, self.cfg.value_dim), dim=-1)
+        q = l2norm(q.float().view(B, T, self.num_k_heads, self.k_dim))
+        k = l2norm(k.float().view(B, T, self.num_k_heads, self.k_dim))
+        v = v.reshape(B, T, self.num_v_heads, self.v_dim)
+        if self.num_v_heads != self.num_k_heads:  # each q/k head serves consecutive v heads
+            groups = self.num_v_heads // self.num_k_heads
+            q, k = q.repeat_interleave(groups, dim=2), k.repeat_interleave(groups, dim=2)
+        beta = b.float().sigmoid()
+        g = self.neg_A * F.softplus(a.float() + self.dt_bias)  # log-space decay, ≤ 0
+        stats = None
+        if T == 1:
+            step = recurrent_step_gated_delta_rule(
+                q=q[:, 0], k=k[:, 0], v=v[:, 0], g=g[:, 0], beta=beta[:, 0], state=state.matrix, with_stats=with_stats
+            )
+            o, stats = step if with_stats else (step, None)
+            o = o[:, None]
+        else:
+            o, final, stats = chunk_gated_delta_rule(
+                q=q, k=k, v=v, g=g, beta=beta, initial_state=state.matrix, with_stats=with_stats
+            )
+            state.matrix.copy_(final)
+        # gated RMSNorm per head (not zero-centred): x̂ · w · silu(z)
+        o = F.rms_norm(o.float(), (self.v_dim,), self.norm.float(), self.eps)
+        o = o * F.silu(z.float().view(B, T, self.num_v_heads, self.v_dim))
+        return F.linear(o.to(x.dtype).view(B, T, -1), self.out_proj), stats
+
+    def _causal_conv(self, qkv: Tensor, state: RecurrentLayerState) -> Tensor:
+        """Depthwise causal conv + SiLU over [window | new tokens]; the window keeps the last kernel-1."""
+        window = torch.cat([state.shift, qkv.transpose(1, 2)], dim=-1)  # [B, C, kernel-1+T]
+        state.shift.copy_(window[:, :, -state.shift.shape[-1] :])
+        if qkv.shape[1] == 1:  # decode: one dot product per channel
+            return F.silu((window * self.conv).sum(-1))[:, None, :]
+        out = F.conv1d(window, self.conv[:, None, :], groups=self.conv.shape[0])  # [B, C, T]
+        return F.silu(out).transpose(1, 2)
+
+
+class GatedAttention(nn.Module):
+    """Full attention with an output gate, q/k norms, partial rotary and GQA over a KV cache."""
+
+    def __init__(self, cfg: Qwen35Config, take: Take, prefix: str) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        qkv = [take(prefix + f"{n}_proj.weight") for n in ("q", "k", "v")]
+        self.split = tuple(w.shape[0] for w in qkv)
+        self.register_buffer("qkv_proj", torch.cat(qkv))
+        self.register_buffer("o_proj", take(prefix + "o_proj.weight"))
+        self.register_buffer("q_norm", 1.0 + take(prefix + "q_norm.weight").float())
+        self.register_buffer("k_norm", 1.0 + take(prefix + "k_norm.weight").float())
+        self.eps = cfg.rms_norm_eps
+
+    def forward(self, x: Tensor, cache: KVCache, rotary: tuple[Tensor, Tensor]) -> Tensor:
+        B, T, _ = x.shape
+        q_and_gate, k, v = F.linear(x, self.qkv_proj).split(self.split, dim=-1)
+        q_and_gate = q_and_gate.view(B, T, self.num_heads, 2 * self.head_dim)
+        q, gate = q_and_gate[..., : self.head_dim], q_and_gate[..., self.head_dim :]
+        q = rms_norm(q, self.q_norm, self.eps).transpose(1, 2)  # [B, Hq, T, D]
+        k = rms_norm(k.view(B, T, self.num_kv_heads, self.head_dim), self.k_norm, self.eps).transpose(1, 2)
+        v = v.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        past = cache.length
+        keys, values = cache.append(k, v)
+        if T == 1:
+            mask, causal = None, False
+        elif past == 0:
+            mask, causal = None, True
+        else:  # new tokens see the whole cache and, causally, each other
+            mask = torch.arange(T, device=x.device)[:, None] + past >= torch.arange(past + T, device=x.device)[None, :]
+            causal = False
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=True)
+        out = out.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate.reshape(B, T, -1))
+        return F.linear(out, self.o_proj)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate the first cos.shape[-1] dims of x [B, H, T, D] (rotate-half layout); leave the rest."""
+    rot = cos.shape[-1]
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    half = rot // 2
+    rotated = torch.cat([-x_rot[..., half:], x_rot[..., :half]], dim=-1)
+    return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
+
+
+class MLP(nn.Module):
+    """SwiGLU with gate and up fused into one matrix [2I, H]."""
+
+    def __init__(self, take: Take, prefix: str) -> None:
+        super().__init__()
+        self.register_buffer("gate_up", torch.cat([take(prefix + "gate_proj.weight"), take(prefix + "up_proj.weight")]))
+        self.register_buffer("down", take(prefix + "down_proj.weight"))
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down)
+
+
+class SparseMoE(nn.Module):
+    """Softmax router, top-k renormalised, plus a shared expert behind a sigmoid gate.
+
+    Tokens are dispatched per expert: each expert runs only on the tokens routed to it.
+    """
+
+    def __init__(self, cfg: Qwen35Config, take: Take, prefix: str, fused_experts: bool) -> None:
+        super().__init__()
+        self.top_k = cfg.num_experts_per_tok
+        self.register_buffer("router", take(prefix + "gate.weight"))
+        if fused_experts:
+            gate_up, down = take(prefix + "experts.gate_up_proj"), take(prefix + "experts.down_proj")
+        else:
+            E = cfg.num_experts
+            gate_up = torch.stack(
+                [torch.cat([take(prefix + f"experts.{e}.{n}_proj.weight") for n in ("gate", "up")]) for e in range(E)]
+            )
+            down = torch.stack([take(prefix + f"experts.{e}.down_proj.weight") for e in range(E)])
+        self.register_buffer("experts_gate_up", gate_up)  # [E, 2I, H]
+        self.register_buffer("experts_down", down)  # [E, H, I]
+        self.shared = MLP(take, prefix + "shared_expert.")
+        self.register_buffer("shared_gate", take(prefix + "shared_expert_gate.weight"))
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])  # [N, H]
+        probs = F.linear(x, self.router).float().softmax(dim=-1)
+        weights, experts = probs.topk(self.top_k, dim=-1)  # [N, k]
+        weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
+        out = torch.sigmoid(F.linear(x, self.shared_gate)) * self.shared(x)
+        flat = experts.flatten()
+        order = flat.argsort()
+        counts = torch.bincount(flat, minlength=self.experts_gate_up.shape[0]).tolist()
+        tokens, slot_weights = order // self.top_k, weights.flatten()[order]
+        start = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue
+            idx = tokens[start : start + count]
+            gate, up = F.linear(x[idx], self.experts_gate_up[expert]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, self.experts_down[expert]) * slot_weights[start : start + count, None]
+            out.index_add_(0, idx, y)
+            start += count
+        return out.view(shape)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: Qwen35Config, take: Take, index: int, fused_experts: bool) -> None:
+        super().__init__()
+        p = f"layers.{index}."
+        self.kind = cfg.layer_types[index]
+        if self.kind == "linear_attention":
+            self.mixer = GatedDeltaNet(cfg, take, p + "linear_attn.")
+        else:
+            self.mixer = GatedAttention(cfg, take, p + "self_attn.")
+        self.mlp = SparseMoE(cfg, take, p + "mlp.", fused_experts) if cfg.num_experts else MLP(take, p + "mlp.")
+        self.register_buffer("input_norm", 1.0 + take(p + "input_layernorm.weight").float())
+        self.register_buffer("post_norm", 1.0 + take(p + "post_attention_layernorm.weight").float())
+        self.eps = cfg.rms_norm_eps
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------------------------
+
+
+class Qwen35Model(nn.Module):
+    """Qwen3.5 text model with a recurrent `State`.
+
+    forward(input_ids [B, T], state) -> logits [B, T, vocab]      (advances state)
+    prefill(input_ids [B, T], state) -> logits [B, vocab]         (last position only)
+    decode(token_ids [B], state)     -> logits [B, vocab]         (one step)
+    Set `listener` to receive a `SpanReport` after each call (design §4).
+    """
+
+    family = "qwen3_5"
+
+    def __init__(self, cfg: Qwen35Config, take: Take, *, fused_experts: bool = True) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.register_buffer("embed", take("embed_tokens.weight"))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, take, i, fused_experts) for i in range(len(cfg.layer_types)))
+        self.register_buffer("final_norm", 1.0 + take("norm.weight").float())
+        self.register_buffer("lm_head", self.embed if cfg.tie_word_embeddings else take("lm_head.weight"))
+        rotary_dim = int(cfg.head_dim * cfg.partial_rotary_factor)
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
+        self.register_buffer("inv_freq", inv_freq.to(self.embed.device))
+        self.listener: Listener | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    def new_state(self, batch_size: int = 1) -> State:
+        cfg, dev = self.cfg, self.device
+        layers = []
+        for kind in cfg.layer_types:
+            if kind == "linear_attention":
+                h, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+                layers.append(
+                    RecurrentLayerState(
+                        matrix=torch.zeros(batch_size, h, dk, dv, dtype=torch.float32, device=dev),
+                        shift=torch.zeros(batch_size, cfg.conv_dim, cfg.linear_conv_kernel_dim - 1, dtype=self.dtype, device=dev),
+                    )
+                )
+            else:
+                empty = torch.zeros(batch_size, cfg.num_key_value_heads, 0, cfg.head_dim, dtype=self.dtype, device=dev)
+                layers.append(KVCache(keys=empty, values=empty.clone()))
+        return State(layers=layers)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: Tensor, state: State) -> Tensor:
+        hidden, reports = self._blocks(input_ids, state, "prefill")
+        logits = F.linear(rms_norm(hidden, self.final_norm, self.cfg.rms_norm_eps), self.lm_head)
+        self._report(reports, state, "prefill", input_ids.shape[1])
+        return logits
+
+    @torch.inference_mode()
+    def prefill(self, input_ids: Tensor, state: State) -> Tensor:
+        reports = []
+        for start in range(0, input_ids.shape[1], PREFILL_BLOCK_TOKENS):
+            hidden, block_reports = self._blocks(input_ids[:, start : start + PREFILL_BLOCK_TOKENS], state, "prefill")
+            reports.append(block_reports)
+        last = rms_norm(hidden[:, -1], self.final_norm, self.cfg.rms_norm_eps)
+        self._report(_merge_blocks(reports), state, "prefill", input_ids.shape[1])
+        return F.linear(last, self.lm_head)
+
+    @torch.inference_mode()
+    def decode(self, token_ids: Tensor, state: State) -> Tensor:
+        hidden, reports = self._blocks(token_ids[:, None], state, "decode")
+        last = rms_norm(hidden[:, -1], self.final_norm, self.cfg.rms_norm_eps)
+        self._report(reports, state, "decode", 1)
+        return F.linear(last, self.lm_head)
+
+    def _blocks(self, input_ids: Tensor, state: State, phase: str) -> tuple[Tensor, list]:
+        """Run every layer over input_ids [B, T]; return the last hidden states and per-layer stats."""
+        T = input_ids.shape[1]
+        positions = torch.arange(state.position, state.position + T, device=self.device, dtype=torch.float32)
+        freqs = positions[:, None] * self.inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        rotary = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
+        # prefill always checks the state (cheap per chunk); decode only when someone listens
+        with_stats = phase == "prefill" or self.listener is not None
+        x = F.embedding(input_ids, self.embed)
+        stats: list = []
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.input_norm, layer.eps)
+            if layer.kind == "linear_attention":
+                h, layer_stats = layer.mixer(h, state.layers[i], with_stats)
+                stats.append((T, layer_stats))
+            else:
+                h = layer.mixer(h, state.layers[i], rotary)
+                stats.append(None)
+            x = x + h
+            x = x + layer.mlp(rms_norm(x, layer.post_norm, layer.eps))
+        state.position += T
+        return x, stats
+
+    def _report(self, stats: list, state: State, phase: str, tokens: int) -> None:
+        """Check recurrent states for NaN/Inf and hand the span's diagnostics to the listener."""
+        recurrent = [(i, s) for i, s in enumerate(stats) if s is not None and s[1] is not None]
+        if not recurrent:
+            return
+        # one host sync for the whole span: [layers, 3, B]
+        table = torch.stack(
+            [torch.stack([s.state_norm, s.gate_mean, s.delta_norm]) for _, (_, s) in recurrent]
+        ).tolist()
+        for (i, _), row in zip(recurrent, table):
+            if any(v != v or v in (float("inf"), float("-inf")) for v in row[0]):
+                raise NonFiniteStateError(f"layer {i}: the recurrent state holds NaN or Inf")
+        if self.listener is None:
+            return
+        by_layer = dict(zip((i for i, _ in recurrent), table))
+        for b in range(state.batch_size):
+            layers = []
+            for i, layer_state in enumerate(state.layers):
+                if i in by_layer:
+                    norm, gate, delta = (by_layer[i][j][b] for j in range(3))
+                    layers.append(LayerReport(i, "recurrent", state_norm=norm, gate_mean=gate, delta_norm=delta))
+                else:
+                    kv_bytes = layer_state.nbytes // state.batch_size
+                    layers.append(LayerReport(i, "attention", kv_tokens=layer_state.length, kv_bytes=kv_bytes))
+            self.listener(SpanReport(phase, b, tokens, tuple(layers), state.nbytes // state.batch_size))
+
+
+def _merge_blocks(blocks: list[list]) -> list:
+    """Join the stats of a prefill run in several blocks: token-weighted means, the last state norm."""
+    if len(blocks) == 1:
+        return blocks[0]
+    merged = []
+    for per_block in zip(*blocks):
+        if per_block[0] is None or per_block[0][1] is None:
+            merged.append(per_block[0])
+            continue
+        total = sum(t for t, _ in per_block)
+        merged.append(
+            (
+                total,
+                DeltaRuleStats(
+                    state_norm=per_block[-1][1].state_norm,
+                    gate_mean=sum(s.gate_mean * t for t, s in per_block) / total,
+                    delta_norm=sum(s.delta_norm * t for t, s in per_block) / total,
+                ),
+            )
+        )
+    return merged
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------
+
+TEXT_PREFIXES = ("model.language_model.", "model.", "")  # VLM checkpoint, CausalLM, bare text model
+FP32_TENSORS = ("A_log", "dt_bias")  # decay parameters stay fp32 whatever the weight dtype
+
+
+def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype) -> Qwen35Model:
+    """Build the model from a `Checkpoint`, checking every tensor's name and shape on the way."""
+    cfg = Qwen35Config.from_dict(config)
+    prefix = next((p for p in TEXT_PREFIXES if p + "embed_tokens.weight" in checkpoint), None)
+    if prefix is None:
+        raise SummarizeError(f"{checkpoint.folder}: no embed_tokens.weight; not a Qwen3.5 checkpoint")
+    fused = not cfg.num_experts or prefix + "layers.0.mlp.experts.gate_up_proj" in checkpoint
+    shapes = checkpoint_shapes(cfg, fused_experts=fused)
+
+    def take(name: str) -> Tensor:
+        full = name if name == "lm_head.weight" else prefix + name
+        tensor = checkpoint.read(full)
+        if tuple(tensor.shape) != shapes[name]:
+            raise SummarizeError(
+                f"{checkpoint.folder}: tensor {full} has shape {tuple(tensor.shape)}, config says {shapes[name]}"
+            )
+        target = torch.float32 if name.endswith(FP32_TENSORS) else dtype
+        return tensor.to(device=device, dtype=target)
+
+    return Qwen35Model(cfg, take, fused_experts=fused)

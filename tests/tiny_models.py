@@ -1,0 +1,101 @@
+"""Tiny random-weight Qwen3.5 checkpoints, saved by transformers exactly as the hub lays them out.
+
+Every weight is randomised (norm weights, A_log and dt_bias included) so that a convention we get
+wrong (zero-centred norms, gate order, head grouping) shows up in the logits.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+REAL_TOKENIZER = Path(__file__).parent / "data" / "qwen3.5-tokenizer.json"
+
+TEXT_CONFIG = dict(
+    vocab_size=384,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,  # ≠ key heads: each k head serves two v heads
+    linear_key_head_dim=16,
+    linear_value_head_dim=24,  # dk ≠ dv
+    linear_conv_kernel_dim=4,
+    rms_norm_eps=1e-6,
+    rope_parameters={"rope_type": "default", "rope_theta": 10_000_000, "partial_rotary_factor": 0.25},
+    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    tie_word_embeddings=True,
+    eos_token_id=2,
+)
+
+MOE_CONFIG = dict(
+    TEXT_CONFIG,
+    num_experts=6,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=40,
+    tie_word_embeddings=False,
+)
+
+
+def randomize(model: torch.nn.Module, seed: int = 0) -> None:
+    """Every parameter random, in ranges that keep a tiny model numerically tame."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(-1.0, 1.5, generator=gen))
+            elif name.endswith("dt_bias"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+            elif "norm" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.08)
+
+
+def dense_reference(**overrides):
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**(TEXT_CONFIG | overrides))).float().eval()
+    randomize(model)
+    return model
+
+
+def vlm_reference(**overrides):
+    """The layout of the released small checkpoints: model.language_model.*, model.visual.*, mtp.*."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4)
+    config = Qwen3_5Config(text_config=TEXT_CONFIG | overrides, vision_config=vision, tie_word_embeddings=True)
+    model = Qwen3_5ForConditionalGeneration(config).float().eval()
+    randomize(model)
+    return model
+
+
+def moe_reference(**overrides):
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**(MOE_CONFIG | overrides))).float().eval()
+    randomize(model)
+    return model
+
+
+def save_checkpoint(model, folder: Path, *, tokenizer: bool = False, mtp_tensors: bool = False) -> Path:
+    """save_pretrained, optionally with the real tokenizer and extra MTP tensors as released files have."""
+    model.save_pretrained(folder, safe_serialization=True)
+    if mtp_tensors:
+        from safetensors.torch import save_file
+
+        hidden = model.config.get_text_config().hidden_size
+        save_file({"mtp.fc.weight": torch.randn(hidden, 2 * hidden), "mtp.norm.weight": torch.randn(hidden)},
+                  str(folder / "model-mtp.safetensors"))
+    if tokenizer:
+        shutil.copy(REAL_TOKENIZER, folder / "tokenizer.json")
+        (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [248046, 248044]}))
+    return folder
