@@ -422,14 +422,14 @@ class Qwen35Model(nn.Module):
                 layers.append(KVCache(keys=empty, values=empty.clone()))
         return State(layers=layers)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def forward(self, input_ids: Tensor, state: State) -> Tensor:
         hidden, reports = self._blocks(input_ids, state, "prefill")
         logits = F.linear(rms_norm(hidden, self.final_norm, self.cfg.rms_norm_eps), self.lm_head)
         self._report(reports, state, "prefill", input_ids.shape[1])
         return logits
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def prefill(self, input_ids: Tensor, state: State) -> Tensor:
         reports = []
         for start in range(0, input_ids.shape[1], PREFILL_BLOCK_TOKENS):
@@ -439,7 +439,7 @@ class Qwen35Model(nn.Module):
         self._report(_merge_blocks(reports), state, "prefill", input_ids.shape[1])
         return F.linear(last, self.lm_head)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def decode(self, token_ids: Tensor, state: State) -> Tensor:
         hidden, reports = self._blocks(token_ids[:, None], state, "decode")
         last = rms_norm(hidden[:, -1], self.final_norm, self.cfg.rms_norm_eps)

@@ -1,0 +1,339 @@
+"""The Qwen3.5 engine equals the reference (transformers) and its State behaves like a value.
+
+Tolerances: fp32 logits agree with the reference to 1e-4 relative to the largest logit (the two
+sides sum in different orders); anything computed twice by our own engine in the same way
+(snapshot/restore, save/load) must agree exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from summarize.engine import load_model
+from summarize.engine.qwen3_5 import Qwen35Model
+from summarize.errors import SummarizeError
+from tiny_models import dense_reference, moe_reference, save_checkpoint, vlm_reference
+
+REL_TOL = 1e-4
+VOCAB = 384
+
+
+def assert_logits_close(got: torch.Tensor, want: torch.Tensor, rel: float = REL_TOL) -> None:
+    scale = want.abs().max().item()
+    err = (got.float() - want.float()).abs().max().item()
+    assert err <= rel * scale, f"max |diff| {err:.3g} > {rel} x {scale:.3g}"
+
+
+def random_ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    reference = dense_reference()
+    folder = save_checkpoint(reference, tmp_path_factory.mktemp("dense"))
+    return reference, load_model(folder, device="cpu", dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory):
+    reference = vlm_reference()
+    folder = save_checkpoint(reference, tmp_path_factory.mktemp("vlm"), mtp_tensors=True)
+    return reference, load_model(folder, device="cpu", dtype=torch.float32)
+
+
+def reference_logits(reference, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return reference(input_ids=ids).logits
+
+
+# -- logits equal the reference -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("length", [1, 17, 64, 130])  # below, at and above the 64-token chunk
+def test_dense_logits_equal_reference(dense, length):
+    reference, model = dense
+    ids = random_ids(2, length)
+    assert_logits_close(model.forward(ids, model.new_state(2)), reference_logits(reference, ids))
+
+
+@pytest.mark.parametrize("length", [5, 64, 100])
+def test_vlm_checkpoint_logits_equal_reference(vlm, length):
+    reference, model = vlm
+    ids = random_ids(1, length, seed=1)
+    assert_logits_close(model.forward(ids, model.new_state(1)), reference_logits(reference, ids))
+
+
+def test_vlm_checkpoint_reads_no_vision_or_mtp_tensors(vlm):
+    _, model = vlm
+    shapes = {tuple(t.shape) for t in model.buffers()}
+    assert (64, 128) not in shapes  # the mtp.fc tensor planted in the file
+    assert not any("visual" in name or "mtp" in name for name, _ in model.named_buffers())
+
+
+@pytest.mark.parametrize("fused_experts", [False, True])
+def test_moe_logits_equal_reference(tmp_path, fused_experts):
+    reference = moe_reference()
+    folder = save_checkpoint(reference, tmp_path)
+    if fused_experts:
+        fuse_experts(folder / "model.safetensors", num_layers=4, num_experts=6)
+    model = load_model(folder, device="cpu", dtype=torch.float32)
+    ids = random_ids(2, 70, seed=2)
+    assert_logits_close(model.forward(ids, model.new_state(2)), reference_logits(reference, ids))
+
+
+def fuse_experts(file, *, num_layers: int, num_experts: int) -> None:
+    """Rewrite per-expert tensors as the fused [E, 2I, H] / [E, H, I] layout some checkpoints use."""
+    tensors = load_file(str(file))
+    for i in range(num_layers):
+        p = f"model.layers.{i}.mlp.experts."
+        gate_up, down = [], []
+        for e in range(num_experts):
+            gate, up = tensors.pop(f"{p}{e}.gate_proj.weight"), tensors.pop(f"{p}{e}.up_proj.weight")
+            gate_up.append(torch.cat([gate, up]))
+            down.append(tensors.pop(f"{p}{e}.down_proj.weight"))
+        tensors[p + "gate_up_proj"], tensors[p + "down_proj"] = torch.stack(gate_up), torch.stack(down)
+    save_file(tensors, str(file))
+
+
+# -- one call equals many; prefill is forward's last row ------------------------------------
+
+
+def test_one_forward_equals_many(dense):
+    _, model = dense
+    ids = random_ids(2, 37 + 1 + 1 + 50, seed=3)
+    whole = model.forward(ids, model.new_state(2))
+    state, pieces, start = model.new_state(2), [], 0
+    for size in (37, 1, 1, 50):
+        pieces.append(model.forward(ids[:, start : start + size], state))
+        start += size
+    assert_logits_close(torch.cat(pieces, dim=1), whole, rel=1e-5)
+
+
+def test_prefill_equals_last_row_of_forward(dense):
+    _, model = dense
+    ids = random_ids(2, 90, seed=4)
+    assert_logits_close(model.prefill(ids, model.new_state(2)), model.forward(ids, model.new_state(2))[:, -1], rel=1e-5)
+
+
+def test_decode_steps_equal_forward(dense):
+    _, model = dense
+    ids = random_ids(1, 12, seed=5)
+    whole = model.forward(ids, model.new_state(1))
+    state = model.new_state(1)
+    rows = [model.decode(ids[:, t], state) for t in range(ids.shape[1])]
+    assert_logits_close(torch.stack(rows, dim=1), whole, rel=1e-5)
+
+
+def test_batch_rows_equal_single_sequences(dense):
+    _, model = dense
+    ids = random_ids(3, 40, seed=6)
+    batched = model.prefill(ids, model.new_state(3))
+    for b in range(3):
+        assert_logits_close(batched[b : b + 1], model.prefill(ids[b : b + 1], model.new_state(1)), rel=1e-5)
+
+
+# -- State -----------------------------------------------------------------------------------
+
+
+def test_snapshot_run_restore_run_is_identical(dense):
+    _, model = dense
+    state = model.new_state(1)
+    model.prefill(random_ids(1, 30, seed=7), state)
+    snapshot = state.snapshot()
+    chunk = random_ids(1, 45, seed=8)
+    first = model.forward(chunk, state)
+    model.forward(random_ids(1, 300, seed=9), state)  # grows the KV cache past its first buffer
+    state.restore(snapshot)
+    assert torch.equal(model.forward(chunk, state), first)
+
+
+def test_batch1_snapshot_restores_into_a_batch(dense):
+    _, model = dense
+    prefix = model.new_state(1)
+    model.prefill(random_ids(1, 20, seed=10), prefix)
+    snapshot = prefix.snapshot()
+    chunks = random_ids(3, 25, seed=11)
+    batch = model.new_state(3)
+    batch.restore(snapshot)
+    batched = model.prefill(chunks, batch)
+    for b in range(3):
+        prefix.restore(snapshot)
+        assert_logits_close(batched[b : b + 1], model.prefill(chunks[b : b + 1], prefix), rel=1e-5)
+
+
+def test_reset_is_a_fresh_state(dense):
+    _, model = dense
+    ids = random_ids(1, 20, seed=12)
+    state = model.new_state(1)
+    model.prefill(random_ids(1, 50, seed=13), state)
+    state.reset()
+    assert torch.equal(model.prefill(ids, state), model.prefill(ids, model.new_state(1)))
+
+
+def test_save_load_round_trip(dense, tmp_path):
+    _, model = dense
+    state = model.new_state(1)
+    model.prefill(random_ids(1, 33, seed=14), state)
+    state.save(tmp_path / "state.safetensors")
+    loaded = model.new_state(1)
+    loaded.load(tmp_path / "state.safetensors")
+    assert loaded.position == state.position == 33
+    nxt = random_ids(1, 5, seed=15)
+    assert torch.equal(model.forward(nxt, loaded), model.forward(nxt, state))
+
+
+def test_load_rejects_another_models_state(dense, vlm, tmp_path):
+    _, model = dense
+    other = vlm[1].new_state(2)  # batch 2: shapes differ
+    other.save(tmp_path / "other.safetensors")
+    with pytest.raises(SummarizeError, match="shape"):
+        model.new_state(1).load(tmp_path / "other.safetensors")
+
+
+def test_recurrent_state_bytes_do_not_grow_with_the_text(dense):
+    _, model = dense
+    state = model.new_state(1)
+    model.prefill(random_ids(1, 10), state)
+    after_10 = state.recurrent_nbytes
+    model.prefill(random_ids(1, 2000, seed=16), state)
+    assert state.recurrent_nbytes == after_10
+    assert state.kv_tokens == 2010  # only the attention layers' cache grows
+
+
+# -- diagnostics -----------------------------------------------------------------------------
+
+
+def test_diagnostics_equal_values_recomputed_from_the_reference(dense):
+    """state_norm from the reference's cache; gate_mean and delta_norm from its layer inputs."""
+    reference, model = dense
+    ids = random_ids(1, 70, seed=17)
+    reports = []
+    model.listener = reports.append
+    try:
+        model.prefill(ids, model.new_state(1))
+    finally:
+        model.listener = None
+    (report,) = reports
+    assert report.phase == "prefill" and report.tokens == 70
+
+    captured = {}
+    hooks = [
+        layer.linear_attn.register_forward_pre_hook(lambda mod, args, kw, i=i: captured.__setitem__(i, kw["hidden_states"]), with_kwargs=True)
+        for i, layer in enumerate(reference.model.layers)
+        if layer.block_type == "linear_attention"
+    ]
+    with torch.no_grad():
+        out = reference(input_ids=ids, use_cache=True)
+    cache = getattr(out, "cache", None) or out.past_key_values
+    for h in hooks:
+        h.remove()
+    for i, row in enumerate(report.layers):
+        if row.kind == "attention":
+            assert row.kv_tokens == 70 and row.state_norm is None
+            continue
+        want_norm = cache.get_recurrent_state(i).norm().item()
+        gate, delta = recompute_gate_and_delta(reference.model.layers[i].linear_attn, captured[i])
+        assert row.state_norm == pytest.approx(want_norm, rel=1e-4)
+        assert row.gate_mean == pytest.approx(gate, rel=1e-5)
+        assert row.delta_norm == pytest.approx(delta, rel=1e-4)
+        assert 0 < row.gate_mean < 1
+
+
+def recompute_gate_and_delta(gdn, x: torch.Tensor) -> tuple[float, float]:
+    """The GDN recurrence written out token by token from the reference layer's own modules."""
+    import torch.nn.functional as F
+    from transformers.models.qwen3_5.modeling_qwen3_5 import l2norm
+
+    with torch.no_grad():
+        T = x.shape[1]
+        qkv = F.silu(gdn.conv1d(gdn.in_proj_qkv(x).transpose(1, 2))[..., :T]).transpose(1, 2)
+        _, k, v = qkv.split([gdn.key_dim, gdn.key_dim, gdn.value_dim], dim=-1)
+        k = l2norm(k.reshape(1, T, gdn.num_k_heads, gdn.head_k_dim)).repeat_interleave(gdn.num_v_heads // gdn.num_k_heads, 2)
+        v = v.reshape(1, T, gdn.num_v_heads, gdn.head_v_dim)
+        beta = gdn.in_proj_b(x).sigmoid()
+        g = -gdn.A_log.exp() * F.softplus(gdn.in_proj_a(x) + gdn.dt_bias)
+        S = torch.zeros(gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim)
+        deltas = []
+        for t in range(T):
+            alpha = g[0, t].exp()[:, None, None]
+            u = beta[0, t, :, None] * (v[0, t] - torch.einsum("hkv,hk->hv", alpha * S, k[0, t]))
+            write = torch.einsum("hk,hv->hkv", k[0, t], u)
+            S = alpha * S + write
+            deltas.append(write.norm().item())
+        return g.exp().mean().item(), sum(deltas) / T
+
+
+def test_decode_reports_one_span_per_token(dense):
+    _, model = dense
+    reports = []
+    state = model.new_state(2)
+    model.prefill(random_ids(2, 8), state)
+    model.listener = reports.append
+    try:
+        model.decode(torch.tensor([1, 2]), state)
+    finally:
+        model.listener = None
+    assert [(r.phase, r.sequence, r.tokens) for r in reports] == [("decode", 0, 1), ("decode", 1, 1)]
+    assert all(len(r.layers) == 4 for r in reports)
+
+
+def test_nan_in_state_is_an_error_naming_the_layer(dense):
+    _, model = dense
+    state = model.new_state(1)
+    state.layers[1].matrix.fill_(float("nan"))
+    with pytest.raises(SummarizeError, match="layer 1"):
+        model.prefill(random_ids(1, 5), state)
+
+
+# -- loading ---------------------------------------------------------------------------------
+
+
+def test_bf16_stays_close_to_fp32(dense, tmp_path):
+    reference, model = dense
+    folder = save_checkpoint(reference, tmp_path)
+    bf16 = load_model(folder, device="cpu", dtype=torch.bfloat16)
+    ids = random_ids(1, 80, seed=18)
+    got = bf16.forward(ids, bf16.new_state(1)).float()
+    want = model.forward(ids, model.new_state(1))
+    assert_logits_close(got, want, rel=0.05)  # bf16 keeps ~3 significant digits per op
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.8
+
+
+def test_missing_tensor_is_named(dense, tmp_path):
+    reference, _ = dense
+    folder = save_checkpoint(reference, tmp_path)
+    tensors = load_file(str(folder / "model.safetensors"))
+    del tensors["model.layers.2.linear_attn.A_log"]
+    save_file(tensors, str(folder / "model.safetensors"))
+    with pytest.raises(SummarizeError, match=r"layers\.2\.linear_attn\.A_log"):
+        load_model(folder, device="cpu", dtype=torch.float32)
+
+
+def test_misshaped_tensor_is_named(dense, tmp_path):
+    reference, _ = dense
+    folder = save_checkpoint(reference, tmp_path)
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["model.layers.3.self_attn.o_proj.weight"] = torch.zeros(3, 3)
+    save_file(tensors, str(folder / "model.safetensors"))
+    with pytest.raises(SummarizeError, match=r"o_proj\.weight has shape \(3, 3\)"):
+        load_model(folder, device="cpu", dtype=torch.float32)
+
+
+def test_unknown_model_type_is_a_clear_error(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(SummarizeError, match="unsupported model_type 'llama'"):
+        load_model(tmp_path, device="cpu")
+
+
+def test_unreachable_hub_id_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(SummarizeError, match="not available"):
+        load_model("nobody/no-such-model", device="cpu")
+
+
+def test_model_is_the_qwen_class(dense):
+    assert isinstance(dense[1], Qwen35Model)
