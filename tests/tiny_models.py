@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-REAL_TOKENIZER = Path(__file__).parent / "data" / "qwen3.5-tokenizer.json"
+REAL_TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "reference" / "qwen3.5" / "tokenizer.json"
 
 TEXT_CONFIG = dict(
     vocab_size=384,

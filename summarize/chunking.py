@@ -1,0 +1,190 @@
+"""Cut a document into overlapping windows of whole sentences, measured in model tokens.
+
+Each sentence is counted once; windows are then found with prefix sums, so chunking 500
+pages costs about as much as segmenting them. A chunk's ``size`` is the sum of its
+sentences' counts (with a tokenizer, joining may merge or split a token at the seams; the
+sum is what the limit is checked against).
+
+The one exception to "whole sentences": a sentence longer than ``chunk_size`` on its own is
+cut at word boundaries (at characters if a single word is too long) into pieces that fit.
+Such pieces keep the sentence's index, so consecutive chunks may share that index.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from summarize.text import CJK_CHARS, count_words, sentence_spans
+
+RESET_MARKER = "<|reset_state|>"
+STRATEGIES = ("map-reduce", "stream")
+# When a chunk is at least this full, it ends at the last paragraph break it contains.
+PARAGRAPH_FILL = 0.75
+
+# Places where an over-long sentence may be cut: after a word or after a CJK character.
+_TOKEN = re.compile(f"[{CJK_CHARS}]|[^\\s{CJK_CHARS}]+")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One window of the document.
+
+    ``sentences`` indexes the document's sentence list (``split_sentences(text)``);
+    ``resets_state`` says whether the engine restores the post-prefix snapshot before it.
+    """
+
+    index: int
+    text: str
+    resets_state: bool
+    sentences: range
+    size: int
+
+    @property
+    def marked_text(self) -> str:
+        """The text as shown for display/debugging: with the reset marker when it resets."""
+        return RESET_MARKER + self.text if self.resets_state else self.text
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """A sentence, or a piece of one that is longer than a chunk."""
+
+    start: int
+    end: int
+    sentence: int
+    size: int
+    paragraph_end: bool
+
+
+def chunk_text(
+    text: str,
+    *,
+    chunk_size: int,
+    overlap: int,
+    count: Callable[[str], int] | None = None,
+    strategy: str = "map-reduce",
+) -> list[Chunk]:
+    """Split ``text`` into chunks of at most ``chunk_size`` units (as measured by ``count``).
+
+    Consecutive chunks share trailing sentences worth at most ``overlap`` units (fewer when
+    more would leave no room for new text). ``"map-reduce"``: every chunk resets the state.
+    ``"stream"``: only the first does, and ``overlap`` is ignored (the document is read in
+    one pass, so repeating text would feed it to the state twice).
+    """
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    if overlap < 0:
+        raise ValueError(f"overlap must be >= 0, got {overlap}")
+    if overlap >= chunk_size:
+        raise ValueError(f"overlap ({overlap}) must be smaller than chunk_size ({chunk_size})")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
+    if strategy == "stream":
+        overlap = 0
+    units = _units(text, chunk_size, count or count_words)
+    if not units:
+        return []
+
+    prefix = [0]  # prefix[k] = total size of units[:k]
+    for unit in units:
+        prefix.append(prefix[-1] + unit.size)
+
+    chunks: list[Chunk] = []
+    start, end = 0, 0
+    while True:
+        # The furthest end that fits (each unit fits alone), or an earlier paragraph break,
+        # but always past the previous chunk's end.
+        fits = bisect.bisect_right(prefix, prefix[start] + chunk_size) - 1
+        end = _paragraph_end(units, prefix, start, end + 1, fits, chunk_size)
+        first, last = units[start], units[end - 1]
+        chunks.append(
+            Chunk(
+                index=len(chunks),
+                text=text[first.start : last.end],
+                resets_state=strategy == "map-reduce" or not chunks,
+                sentences=range(first.sentence, last.sentence + 1),
+                size=prefix[end] - prefix[start],
+            )
+        )
+        if end == len(units):
+            return chunks
+        start = _next_start(units, prefix, start, end, overlap, chunk_size)
+
+
+def _units(text: str, chunk_size: int, count: Callable[[str], int]) -> list[_Unit]:
+    spans = sentence_spans(text)
+    units: list[_Unit] = []
+    for i, (s, e) in enumerate(spans):
+        # Spans are separated by whitespace only, so two newlines in the gap are a blank line.
+        paragraph_end = i + 1 == len(spans) or text.count("\n", e, spans[i + 1][0]) >= 2
+        size = count(text[s:e])
+        if size <= chunk_size:
+            units.append(_Unit(s, e, i, size, paragraph_end))
+            continue
+        pieces = _split_long(text, s, e, chunk_size, count)
+        for k, (ps, pe, psize) in enumerate(pieces):
+            units.append(_Unit(ps, pe, i, psize, paragraph_end and k == len(pieces) - 1))
+    return units
+
+
+def _split_long(
+    text: str, start: int, end: int, limit: int, count: Callable[[str], int]
+) -> list[tuple[int, int, int]]:
+    """Cut ``text[start:end]`` into ``(start, end, size)`` pieces of at most ``limit``."""
+    cuts = [m.end() for m in _TOKEN.finditer(text, start, end)]
+    pieces = []
+    pos, first = start, 0  # cuts[first] is the first cut after pos
+    while pos < end:
+        cut, size = _longest_fit(text, pos, cuts, first, limit, count)
+        if cut is None:  # a single word longer than the limit: cut it by characters
+            chars = list(range(pos + 1, cuts[first] + 1))
+            cut, size = _longest_fit(text, pos, chars, 0, limit, count)
+            if cut is None:  # not even one character fits this counter; take it anyway
+                cut, size = pos + 1, count(text[pos : pos + 1])
+        pieces.append((pos, cut, size))
+        first = bisect.bisect_right(cuts, cut, first)
+        pos = cut + len(text[cut:end]) - len(text[cut:end].lstrip())
+    return pieces
+
+
+def _longest_fit(text, pos, cuts, first, limit, count):
+    """Binary search for the furthest cut in ``cuts[first:]`` whose piece fits ``limit``."""
+    lo, hi = first, len(cuts) - 1
+    best, best_size = None, 0
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        size = count(text[pos : cuts[mid]])
+        if size <= limit:
+            best, best_size, lo = cuts[mid], size, mid + 1
+        else:
+            hi = mid - 1
+    return best, best_size
+
+
+def _paragraph_end(
+    units: list[_Unit], prefix: list[int], start: int, lowest: int, end: int, chunk_size: int
+) -> int:
+    """Move ``end`` back, not below ``lowest``, to the last paragraph break that still leaves
+    the chunk full enough."""
+    floor = prefix[start] + PARAGRAPH_FILL * chunk_size
+    for k in range(end, lowest - 1, -1):
+        if prefix[k] < floor:
+            break
+        if units[k - 1].paragraph_end:
+            return k
+    return end
+
+
+def _next_start(
+    units: list[_Unit], prefix: list[int], start: int, end: int, overlap: int, chunk_size: int
+) -> int:
+    """First unit of the next chunk: re-use trailing units worth <= ``overlap``, keeping room
+    for the next new unit, and always start after ``start`` so that every chunk makes progress."""
+    room = chunk_size - units[end].size
+    s = end
+    while s - 1 > start and prefix[end] - prefix[s - 1] <= min(overlap, room):
+        s -= 1
+    return s

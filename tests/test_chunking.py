@@ -1,0 +1,171 @@
+"""Chunking: overlapping windows of whole sentences, with reset markers (design §1, §3)."""
+
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from summarize.chunking import RESET_MARKER, Chunk, chunk_text
+from summarize.text import count_words, split_sentences
+
+VOCABULARY = ["river", "stone", "light", "garden", "quiet", "window", "morning", "paper", "silver", "forest"]
+
+
+def _sentence(words: list[str]) -> str:
+    return " ".join([words[0].capitalize(), *words[1:]]) + "."
+
+
+@st.composite
+def documents(draw):
+    """(text, sentences, chunk_size, overlap): sentences shorter than chunk_size - overlap."""
+    chunk_size = draw(st.integers(min_value=2, max_value=60))
+    overlap = draw(st.integers(min_value=0, max_value=chunk_size - 1))
+    longest = max(1, chunk_size - overlap)
+    sentence = st.lists(st.sampled_from(VOCABULARY), min_size=1, max_size=longest).map(_sentence)
+    paragraphs = draw(st.lists(st.lists(sentence, min_size=1, max_size=8), min_size=1, max_size=8))
+    text = "\n\n".join(" ".join(p) for p in paragraphs)
+    return text, [s for p in paragraphs for s in p], chunk_size, overlap
+
+
+def _shared(a: Chunk, b: Chunk) -> range:
+    return range(b.sentences.start, min(a.sentences.stop, b.sentences.stop))
+
+
+@settings(max_examples=300, deadline=None)
+@given(documents(), st.sampled_from(["map-reduce", "stream"]))
+def test_chunking_properties(document, strategy):
+    text, sentences, chunk_size, overlap = document
+    assert split_sentences(text) == sentences  # the generator makes unambiguous sentences
+    chunks = chunk_text(text, chunk_size=chunk_size, overlap=overlap, strategy=strategy)
+    bound = overlap if strategy == "map-reduce" else 0  # stream reads each sentence once
+
+    assert [c.index for c in chunks] == list(range(len(chunks)))
+    # Every sentence lies wholly inside at least one chunk.
+    for i, s in enumerate(sentences):
+        assert any(i in c.sentences and s in c.text for c in chunks)
+    for c in chunks:
+        assert c.text.strip() and len(c.sentences) > 0  # never empty
+        assert c.size == count_words(c.text) <= chunk_size  # within budget
+        assert c.text in text  # a slice of the document: paragraph breaks kept
+        assert split_sentences(c.text) == sentences[c.sentences.start : c.sentences.stop]
+    # Order is preserved and every chunk brings new text.
+    for a, b in zip(chunks, chunks[1:]):
+        assert a.sentences.start < b.sentences.start and a.sentences.stop < b.sentences.stop
+        assert b.sentences.start <= a.sentences.stop  # no gap
+        assert sum(count_words(sentences[i]) for i in _shared(a, b)) <= bound
+    # Markers: every chunk resets in map-reduce, only the first in stream.
+    if strategy == "map-reduce":
+        assert all(c.resets_state for c in chunks)
+    else:
+        assert [c.resets_state for c in chunks] == [True] + [False] * (len(chunks) - 1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(documents())
+def test_a_token_counter_sees_each_sentence_once(document):
+    text, sentences, chunk_size, overlap = document
+    calls = []
+
+    def count(s: str) -> int:  # a stand-in tokenizer: one token per 4 characters
+        calls.append(s)
+        return len(s) // 4 + 1
+
+    chunks = chunk_text(text, chunk_size=chunk_size * 4, overlap=overlap, count=count)
+    if all(count(s) <= chunk_size * 4 for s in sentences):
+        assert sorted(calls[: len(sentences)]) == sorted(sentences)
+        assert len(calls) == 2 * len(sentences)  # once by the chunker, once just above
+    assert all(c.size <= chunk_size * 4 for c in chunks)
+
+
+def test_overlap_repeats_trailing_sentences():
+    text = " ".join(f"Sentence number {w} is here." for w in VOCABULARY)  # 5 words each
+    chunks = chunk_text(text, chunk_size=20, overlap=10)
+    assert [(c.sentences.start, c.sentences.stop) for c in chunks[:3]] == [(0, 4), (2, 6), (4, 8)]
+    assert all(c.size == 20 for c in chunks[:-1])
+
+
+def test_overlap_never_blocks_progress():
+    # The next sentence (9 words) leaves room for only 1 word of overlap, so none is kept.
+    text = "One two three four five six seven eight nine. " * 4
+    chunks = chunk_text(text, chunk_size=10, overlap=8)
+    assert [c.sentences for c in chunks] == [range(i, i + 1) for i in range(4)]
+
+
+def test_prefers_a_paragraph_break_when_the_chunk_is_three_quarters_full():
+    first = "Aa bb cc dd. " * 4  # 16 words, then a paragraph break
+    text = first.strip() + "\n\n" + "Ee ff gg hh. " * 4
+    chunks = chunk_text(text, chunk_size=20, overlap=0)
+    assert chunks[0].text == first.strip() and chunks[0].size == 16
+    # Below 75 % full the chunk goes on past the break.
+    early = "Aa bb cc dd. " * 2 + "\n\n" + "Ee ff gg hh. " * 6
+    assert chunk_text(early, chunk_size=20, overlap=0)[0].size == 20
+
+
+def test_a_sentence_longer_than_a_chunk_is_split_at_word_boundaries():
+    words = [f"w{i}" for i in range(45)]
+    text = "Short one. Long " + " ".join(words) + ". Short two."
+    chunks = chunk_text(text, chunk_size=10, overlap=0)
+    assert all(c.size <= 10 for c in chunks)
+    assert " ".join(c.text for c in chunks).split() == text.split()
+    long_pieces = [c for c in chunks if 1 in c.sentences]
+    assert len(long_pieces) >= 5 and all(c.sentences == range(1, 2) for c in long_pieces[1:-1])
+
+
+def test_cjk_sentences_are_split_by_characters():
+    chunks = chunk_text("你" * 25 + "。", chunk_size=10, overlap=0)
+    assert [c.size for c in chunks] == [10, 10, 5]
+    assert "".join(c.text for c in chunks) == "你" * 25 + "。"
+
+
+def test_a_word_longer_than_a_chunk_is_split_by_characters():
+    chunks = chunk_text("x" * 25, chunk_size=10, overlap=0, count=len)
+    assert [c.text for c in chunks] == ["x" * 10, "x" * 10, "x" * 5]
+
+
+def test_stream_ignores_overlap_and_resets_only_first():
+    text = "Aa bb cc dd. " * 20
+    chunks = chunk_text(text, chunk_size=8, overlap=4, strategy="stream")
+    assert [c.sentences for c in chunks] == [range(2 * i, 2 * i + 2) for i in range(10)]
+    assert [c.marked_text.startswith(RESET_MARKER) for c in chunks] == [True] + [False] * 9
+
+
+def test_marked_text():
+    chunk = Chunk(index=0, text="Hello.", resets_state=True, sentences=range(0, 1), size=1)
+    assert chunk.marked_text == "<|reset_state|>Hello."
+    assert Chunk(1, "Hello.", False, range(0, 1), 1).marked_text == "Hello."
+
+
+def test_empty_text_has_no_chunks():
+    assert chunk_text("", chunk_size=10, overlap=2) == []
+    assert chunk_text(" \n\n ", chunk_size=10, overlap=2) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(chunk_size=0, overlap=0),
+        dict(chunk_size=-5, overlap=0),
+        dict(chunk_size=10, overlap=-1),
+        dict(chunk_size=10, overlap=10),
+        dict(chunk_size=10, overlap=2, strategy="tree"),
+        dict(chunk_size=10, overlap=12, strategy="stream"),
+    ],
+)
+def test_bad_arguments(kwargs):
+    with pytest.raises(ValueError):
+        chunk_text("Some text.", **kwargs)
+
+
+def test_500_pages_are_chunked_quickly():
+    paragraph = (
+        "The river ran quietly past the old mill, carrying leaves from the hills. "
+        "Dr. Hale measured its depth every morning at 6.30 and wrote the numbers down. "
+        "Nobody in the village knew why she did it, though many guessed."
+    )
+    text = "\n\n".join(f"{paragraph} It was day {i}." for i in range(6000))  # ~1.5 MB
+    started = time.perf_counter()
+    chunks = chunk_text(text, chunk_size=1024, overlap=128)
+    elapsed = time.perf_counter() - started
+    assert chunks[-1].text.endswith("It was day 5999.")
+    assert elapsed < 3.0  # typically ~0.2 s; generous for loaded CI machines
