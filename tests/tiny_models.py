@@ -99,3 +99,15 @@ def save_checkpoint(model, folder: Path, *, tokenizer: bool = False, mtp_tensors
         shutil.copy(REAL_TOKENIZER, folder / "tokenizer.json")
         (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [248046, 248044]}))
     return folder
+
+
+def tiny_released_layout(folder: Path) -> Path:
+    """A tiny random model laid out like the released small checkpoints, with the real tokenizer."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4)
+    text = TEXT_CONFIG | dict(vocab_size=248320, eos_token_id=248044)
+    config = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=True)
+    model = Qwen3_5ForConditionalGeneration(config).float().eval()
+    randomize(model)
+    return save_checkpoint(model, folder, tokenizer=True, mtp_tensors=True)

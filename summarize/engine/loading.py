@@ -55,7 +55,7 @@ def resolve_source(source: str | os.PathLike) -> Path:
         return Path(snapshot_download(repo_id=source, allow_patterns=HUB_FILES))
     except Exception as exc:  # offline, not cached, gated, no such repo: all mean "not available"
         offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-        why = "offline and not in the local cache" if offline else type(exc).__name__
+        why = "offline and not in the local cache" if offline else "not in the local cache and the download failed"
         raise ModelNotAvailable(f"model {source} is not available ({why})") from exc
 
 

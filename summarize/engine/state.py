@@ -79,6 +79,14 @@ class KVCache:
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"keys": self.keys[:, :, : self.length], "values": self.values[:, :, : self.length]}
 
+    def drop_middle(self, keep_first: int, keep_last: int) -> None:
+        """Forget all but the first `keep_first` and the last `keep_last` positions."""
+        if self.length <= keep_first + keep_last:
+            return
+        for buffer in (self.keys, self.values):
+            buffer[:, :, keep_first : keep_first + keep_last] = buffer[:, :, self.length - keep_last : self.length].clone()
+        self.length = keep_first + keep_last
+
 
 LayerState = RecurrentLayerState | KVCache
 
@@ -158,6 +166,17 @@ class State:
             else:
                 layer.length = 0
         self.position = 0
+
+    def keep_attention_window(self, *, keep_first: int, keep_last: int) -> None:
+        """Attention layers keep only the first and the last tokens, so their memory stays bounded.
+
+        Used when a whole document streams through one state: the recurrent layers carry the long
+        memory, the attention layers see the instruction and a recent window. Snapshots taken
+        while more than keep_first + keep_last tokens were cached are no longer valid.
+        """
+        for layer in self.layers:
+            if isinstance(layer, KVCache):
+                layer.drop_middle(keep_first, keep_last)
 
     def save(self, path: str | Path) -> None:
         tensors: dict[str, torch.Tensor] = {}

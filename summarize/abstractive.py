@@ -1,0 +1,327 @@
+"""Model-driven summaries: stream the chunks through the recurrent state, merge, respect the length.
+
+map-reduce (default): the instruction prefix is prefilled once per document and snapshotted; every
+chunk opens with a reset-state marker, which restores that snapshot, then its text is prefilled
+and the model writes notes; the notes are merged (hierarchically when they do not fit one window)
+into the final summary.
+stream: the marker appears only before the first chunk; the state carries across the whole
+document and the model writes the summary from the state after the last chunk. The attention
+layers keep the prefix and a sliding window of recent tokens, so memory stays flat.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, TextIO
+
+import torch
+
+from summarize.chunking import Chunk, chunk_text
+from summarize.engine.diagnostics import SpanReport
+from summarize.engine.generate import SamplingParams, generate
+from summarize.engine.tokenizer import Tokenizer, chat_prefix_ids, chat_prompt_ids, chat_suffix_ids
+from summarize.errors import SummarizeError
+from summarize.text import count_words, trim_to_words
+
+# Chosen for a 0.8B model on a CPU: a chunk of ~1.5K tokens is read in seconds and small models
+# summarize a passage of that size faithfully; the overlap keeps a sentence cut at a border whole.
+DEFAULT_CHUNK_TOKENS = 1536
+DEFAULT_OVERLAP = 128
+NOTES_WORDS = 80  # notes per chunk in map-reduce
+TOKENS_PER_WORD = 1.6  # generous: English averages ~1.3 tokens per word, other languages more
+STREAM_ATTENTION_WINDOW = 4096  # tokens the attention layers keep in stream mode (plus the prefix)
+# Qwen's recommendation for non-thinking use; the penalty keeps a small model from looping.
+# A fixed default seed makes a run repeatable; --seed changes it.
+DEFAULT_SAMPLING = SamplingParams(temperature=0.7, top_k=20, top_p=0.8, presence_penalty=1.5, seed=0)
+RESTATE_LIMIT = 2  # how often the final summary is asked for again when the first is unusable
+
+MAP_INSTRUCTION = (
+    "You are reading one part of a longer document. Write notes on this part: its main points, "
+    "key facts, names and numbers, in at most {words} words of plain sentences.\n\nPart of the document:\n"
+)
+MAP_QUESTION = "\n\nWrite the notes on this part now."
+SINGLE_INSTRUCTION = (
+    "Summarize the following document in about {words} words. Write plain prose paragraphs, "
+    "no headings and no lists.\n\nDocument:\n"
+)
+REDUCE_PROMPT = (
+    "Below are notes on consecutive parts of one document. Using them, write a summary of the whole "
+    "document in about {words} words. Write plain prose paragraphs, no headings and no lists.\n\n"
+    "Notes:\n{notes}"
+)
+STREAM_INSTRUCTION = "Read the following document carefully; you will summarize it afterwards.\n\nDocument:\n"
+STREAM_QUESTION = (
+    "\n\nSummarize the document above in about {words} words. Write plain prose paragraphs, "
+    "no headings and no lists."
+)
+
+THINK_BLOCK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
+MARKUP = re.compile(r"<\|[^|>]*\|>|</?think>")
+LIST_OR_HEADING = re.compile(r"^\s*(?:#+\s*|[-*•]\s+|\d+[.)]\s+)", re.MULTILINE)
+
+
+@dataclass
+class ModelSession:
+    """A loaded model with what it needs to talk: tokenizer, stop ids, sampling."""
+
+    model: object
+    tokenizer: Tokenizer
+    stop_ids: frozenset[int]
+    sampling: SamplingParams
+    name: str
+
+
+@dataclass
+class Progress:
+    """Where the summarizer is, for the diagnostics records and the live view."""
+
+    input: str = ""
+    chunk: int | None = None
+    chunks: int = 0
+    phase: str = "prefill"
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+def clean_output(text: str) -> str:
+    """Strip thinking blocks, chat markup, headings and list marks; keep the prose."""
+    text = THINK_BLOCK.sub("", text)
+    text = MARKUP.sub("", text)
+    text = LIST_OR_HEADING.sub("", text)
+    text = re.sub(r"\*\*|__", "", text)
+    return re.sub(r"[ \t]+", " ", text).strip()
+
+
+class ModelSummarizer:
+    """Summarizes with a recurrent-state model; see the module docstring for the strategies."""
+
+    method = "model"
+
+    def __init__(
+        self,
+        session: ModelSession,
+        *,
+        words: int,
+        strategy: str = "map-reduce",
+        chunk_tokens: int | None = None,
+        overlap: int | None = None,
+        fallback=None,
+        notify: Callable[[str], None] = lambda msg: None,
+        on_span: Callable[[Progress, SpanReport], None] | None = None,
+        on_phase: Callable[[Progress], None] | None = None,
+        diagnostics: TextIO | None = None,
+    ) -> None:
+        self.s = session
+        self.words = words
+        self.strategy = strategy
+        self.chunk_tokens = chunk_tokens or DEFAULT_CHUNK_TOKENS
+        self.overlap = DEFAULT_OVERLAP if overlap is None else overlap
+        self.overlap = min(self.overlap, self.chunk_tokens // 4)
+        self.fallback = fallback
+        self.notify = notify
+        self.on_span = on_span
+        self.on_phase = on_phase
+        self.diagnostics = diagnostics
+        self.progress = Progress()
+        session.model.listener = self._span
+
+    # -- the two strategies --------------------------------------------------------------------
+
+    def summarize(self, text: str, *, name: str):
+        from summarize.pipeline import Summary
+
+        start = time.perf_counter()
+        self.progress = Progress(input=name, counters={"prefix_prefills": 0, "restores": 0, "tokens_in": 0, "tokens_out": 0})
+        chunks = chunk_text(text, chunk_size=self.chunk_tokens, overlap=self.overlap, count=self.s.tokenizer.count, strategy=self.strategy)
+        if not chunks:
+            raise SummarizeError(f"{name}: no text to summarize")
+        self.progress.chunks = len(chunks)
+        if self.strategy == "stream":
+            summary = self._stream(chunks)
+        elif len(chunks) == 1:
+            summary = self._single(chunks[0])
+        else:
+            summary = self._map_reduce(chunks)
+        if self.diagnostics is not None:
+            self.diagnostics.flush()
+        if not summary and self.fallback is not None:
+            self.notify(f"{name}: the model wrote no usable summary; writing an extractive one instead")
+            return self.fallback.summarize(text, name=name)
+        if not summary:
+            raise SummarizeError(f"{name}: the model wrote no usable summary")
+        counters = self.progress.counters
+        return Summary(
+            text=summary,
+            words=count_words(summary),
+            method=self.method,
+            input=name,
+            seconds=time.perf_counter() - start,
+            extra={
+                "model": self.s.name,
+                "strategy": self.strategy,
+                "chunks": len(chunks),
+                "tokens_in": counters["tokens_in"],
+                "tokens_out": counters["tokens_out"],
+                "prefix_prefills": counters["prefix_prefills"],
+                "restores": counters["restores"],
+            },
+        )
+
+    def _single(self, chunk: Chunk) -> str:
+        """A document that fits one window is summarized directly."""
+        prompt = chat_prompt_ids(self.s.tokenizer, SINGLE_INSTRUCTION.format(words=self.words) + chunk.text)
+        return self._final(lambda: self._prompt_state(prompt, chunk=0))
+
+    def _map_reduce(self, chunks: list[Chunk]) -> str:
+        model, tok = self.s.model, self.s.tokenizer
+        state = model.new_state(1)
+        self._phase(None, "prefix")
+        prefix = chat_prefix_ids(tok, None, MAP_INSTRUCTION.format(words=NOTES_WORDS))
+        self._prefill(prefix, state)
+        self.progress.counters["prefix_prefills"] += 1
+        snapshot = state.snapshot()
+        notes = []
+        for chunk in chunks:
+            assert chunk.resets_state  # map-reduce: every chunk opens with the marker
+            state.restore(snapshot)  # the reset-state marker: back to "just read the instruction"
+            self.progress.counters["restores"] += 1
+            self._phase(chunk.index, "prefill")
+            logits = self._prefill(chat_suffix_ids(tok, chunk.text, MAP_QUESTION), state)
+            self._phase(chunk.index, "decode")
+            note = clean_output(self._generate(logits, state, NOTES_WORDS).text)
+            if note:
+                notes.append(note)
+        return self._reduce(notes)
+
+    def _reduce(self, notes: list[str]) -> str:
+        """Merge notes into the summary; notes that do not fit one window are merged in groups first."""
+        tok = self.s.tokenizer
+        while len(notes) > 1 and tok.count("\n\n".join(notes)) > self.chunk_tokens:
+            groups, group = [], []
+            for note in notes:
+                if group and tok.count("\n\n".join(group + [note])) > self.chunk_tokens:
+                    groups.append(group)
+                    group = []
+                group.append(note)
+            groups.append(group)
+            if len(groups) == len(notes):  # every note alone fills a window: keep what fits
+                notes = notes[:1]
+                break
+            merged = []
+            for group in groups:
+                self._phase(None, "merge")
+                prompt = chat_prompt_ids(tok, REDUCE_PROMPT.format(words=NOTES_WORDS * 2, notes="\n\n".join(group)))
+                state = self.s.model.new_state(1)
+                logits = self._prefill(prompt, state)
+                self._phase(None, "decode")
+                merged.append(clean_output(self._generate(logits, state, NOTES_WORDS * 2).text))
+            notes = [n for n in merged if n]
+        prompt = chat_prompt_ids(tok, REDUCE_PROMPT.format(words=self.words, notes="\n\n".join(notes)))
+        return self._final(lambda: self._prompt_state(prompt, chunk=None))
+
+    def _stream(self, chunks: list[Chunk]) -> str:
+        model, tok = self.s.model, self.s.tokenizer
+        state = model.new_state(1)
+        self._phase(None, "prefix")
+        prefix = chat_prefix_ids(tok, None, STREAM_INSTRUCTION)
+        self._prefill(prefix, state)
+        self.progress.counters["prefix_prefills"] += 1
+        snapshot = state.snapshot()
+        for chunk in chunks:
+            if chunk.resets_state:  # stream: only the first chunk carries the marker
+                state.restore(snapshot)
+                self.progress.counters["restores"] += 1
+            self._phase(chunk.index, "prefill")
+            text = chunk.text if chunk.index == 0 else " " + chunk.text
+            self._prefill(tok.encode(text), state)
+            state.keep_attention_window(keep_first=len(prefix), keep_last=STREAM_ATTENTION_WINDOW)
+        after_document = state.snapshot()
+
+        def ask() -> tuple[torch.Tensor, object]:
+            state.restore(after_document)
+            self._phase(None, "prefill")
+            return self._prefill(chat_suffix_ids(tok, "", STREAM_QUESTION.format(words=self.words)), state), state
+
+        return self._final(ask)
+
+    # -- the pieces ----------------------------------------------------------------------------
+
+    def _final(self, start: Callable[[], tuple[torch.Tensor, object]]) -> str:
+        """Generate the summary, trim it to the word budget on a sentence end; ask again if unusable."""
+        for _ in range(1 + RESTATE_LIMIT):
+            logits, state = start()
+            self._phase(None, "decode")
+            text = trim_to_words(clean_output(self._generate(logits, state, self.words).text), self.words)
+            if count_words(text) > 0:
+                return text
+            if self.s.sampling.temperature == 0:
+                break  # greedy would say the same again
+        return ""
+
+    def _prompt_state(self, prompt: list[int], *, chunk: int | None) -> tuple[torch.Tensor, object]:
+        state = self.s.model.new_state(1)
+        self._phase(chunk, "prefill")
+        return self._prefill(prompt, state), state
+
+    def _prefill(self, ids: list[int], state) -> torch.Tensor:
+        self.progress.counters["tokens_in"] += len(ids)
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.s.model.device)
+        return self.s.model.prefill(input_ids, state)
+
+    def _generate(self, logits: torch.Tensor, state, words: int):
+        budget = int(words * TOKENS_PER_WORD) + 16
+        result = generate(
+            self.s.model, None, state, tokenizer=self.s.tokenizer, stop_ids=self.s.stop_ids,
+            max_new_tokens=budget, sampling=self.s.sampling, first_logits=logits,
+        )
+        self.progress.counters["tokens_out"] += len(result.token_ids)
+        return result
+
+    def _phase(self, chunk: int | None, phase: str) -> None:
+        self.progress.chunk, self.progress.phase = chunk, phase
+        if self.on_phase is not None:
+            self.on_phase(self.progress)
+
+    def _span(self, report: SpanReport) -> None:
+        if self.diagnostics is not None:
+            for layer in report.layers:
+                record = {
+                    "input": self.progress.input,
+                    "chunk": self.progress.chunk,
+                    "phase": report.phase,
+                    "layer": layer.layer,
+                    "kind": layer.kind,
+                    "state_norm": layer.state_norm,
+                    "gate_mean": layer.gate_mean,
+                    "delta_norm": layer.delta_norm,
+                    "kv_tokens": layer.kv_tokens,
+                    "tokens": report.tokens,
+                }
+                self.diagnostics.write(json.dumps(record) + "\n")
+        if self.on_span is not None:
+            self.on_span(self.progress, report)
+
+
+def load_session(settings, notify: Callable[[str], None]) -> ModelSession:
+    """Load the model named in `settings` with its tokenizer and stop ids (raises ModelNotAvailable)."""
+    from summarize.engine import load_model
+    from summarize.engine.tokenizer import load_stop_ids
+
+    dtype = getattr(torch, settings.dtype) if settings.dtype else None
+    model = load_model(settings.model, device=settings.device, dtype=dtype)
+    tokenizer_file = Path(model.source) / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise SummarizeError(f"{settings.model}: no tokenizer.json beside the weights")
+    tokenizer = Tokenizer.from_file(tokenizer_file)
+    sampling = SamplingParams(
+        temperature=DEFAULT_SAMPLING.temperature if settings.temperature is None else settings.temperature,
+        top_k=DEFAULT_SAMPLING.top_k if settings.top_k is None else settings.top_k,
+        top_p=DEFAULT_SAMPLING.top_p if settings.top_p is None else settings.top_p,
+        presence_penalty=DEFAULT_SAMPLING.presence_penalty,
+        seed=DEFAULT_SAMPLING.seed if settings.seed is None else settings.seed,
+    )
+    notify(f"model {settings.model} on {model.device} ({str(model.dtype).removeprefix('torch.')})")
+    return ModelSession(model, tokenizer, load_stop_ids(model.source, tokenizer), sampling, settings.model)

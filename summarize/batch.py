@@ -1,0 +1,334 @@
+"""Many inputs in one run: find the files, decide where each summary goes, keep going past failures.
+
+Without `-o` summaries go to stdout (one input: the summary alone; several: each under a
+`==> path <==` header, like `tail`). With `-o` each is written atomically to its own file, and a
+file is skipped when it is newer than its input and was written with the same settings: the
+settings' fingerprint sits on its first line as an HTML comment, which Markdown does not show.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, TextIO
+
+from summarize.errors import SummarizeError
+from summarize.extract import SUPPORTED_SUFFIXES, extract_text
+from summarize.pipeline import Settings, Summarizer, Summary, make_summarizer
+from summarize.ui import RichUI
+
+STDIN = "-"
+STDIN_LABEL = "<stdin>"
+OUTPUT_SUFFIX = ".summary.md"
+HEADER = "<!-- summarize {fingerprint} -->"
+
+Status = Literal["ok", "skipped", "failed"]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One input and where its summary goes (`output` None: stdout)."""
+
+    input: str  # a path as the user would write it, or "-" for stdin
+    output: Path | None = None
+    problem: str = ""  # known before reading anything: this job fails with this reason
+
+    @property
+    def is_stdin(self) -> bool:
+        return self.input == STDIN
+
+    @property
+    def label(self) -> str:
+        return STDIN_LABEL if self.is_stdin else self.input
+
+
+@dataclass(frozen=True)
+class Plan:
+    jobs: list[Job]
+    headers: bool  # print `==> path <==` before each summary on stdout
+
+
+@dataclass
+class Result:
+    input: str
+    status: Status
+    reason: str = ""  # one line; why it failed or was skipped
+    output: Path | None = None
+    summary: Summary | None = field(default=None, repr=False)
+    seconds: float | None = None  # reading and summarizing this input
+
+    @property
+    def words(self) -> int | None:
+        return None if self.summary is None else self.summary.words
+
+
+# --- planning ------------------------------------------------------------------------------
+
+
+def plan(inputs: Sequence[str], output: str | Path | None = None) -> Plan:
+    """Expand folders and map every input to its output.
+
+    `output` is a file for one file input, else a folder (created when missing); a trailing
+    slash, or an existing folder, makes it a folder for one input too.
+
+    Raises SummarizeError for a command line that cannot work as a whole (the CLI's usage
+    error); a problem with one input (it does not exist, say) fails only that input, later.
+    """
+    if not inputs:
+        raise SummarizeError("no input given")
+    if sum(1 for i in inputs if i == STDIN) > 1:
+        raise SummarizeError("'-' (stdin) can be read only once")
+    has_folder = any(i != STDIN and Path(i).is_dir() for i in inputs)
+    several = len(inputs) > 1 or has_folder
+
+    # (job input, its path relative to the folder it was found in, problem), in command-line order
+    found: list[tuple[str, Path, str]] = []
+    seen: set[Path] = set()
+    for arg in inputs:
+        if arg == STDIN:
+            found.append((STDIN, Path("stdin"), ""))
+            continue
+        path = Path(arg)
+        if not path.is_dir():
+            if _first_time(path, seen):
+                found.append((str(path), Path(path.name), ""))
+            continue
+        files = _scan(path)
+        if not files:
+            suffixes = ", ".join(SUPPORTED_SUFFIXES)
+            found.append((str(path), Path(path.name), f"no {suffixes} files in this folder"))
+        for rel in files:
+            if _first_time(path / rel, seen):
+                found.append((str(path / rel), rel, ""))
+
+    if output is None:
+        return Plan([Job(i, problem=p) for i, _, p in found], headers=several)
+    wants_folder = str(output).endswith(("/", os.sep))
+    output = Path(output)
+    if not several and not wants_folder and not output.is_dir():
+        (i, _, p), = found
+        return Plan([Job(i, output=output, problem=p)], headers=False)
+    if output.exists() and not output.is_dir():
+        raise SummarizeError(f"-o {output}: is a file; several inputs or a folder need a folder")
+    outputs = _output_paths([rel for _, rel, _ in found], output)
+    jobs: list[Job] = []
+    owner: dict[Path, str] = {}
+    for (i, _, p), out in zip(found, outputs):
+        if p:
+            jobs.append(Job(i, problem=p))
+        elif out in owner:
+            jobs.append(Job(i, problem=f"its output {out} is already written for {owner[out]}"))
+        else:
+            owner[out] = i
+            jobs.append(Job(i, output=out))
+    return Plan(jobs, headers=False)
+
+
+def _first_time(path: Path, seen: set[Path]) -> bool:
+    key = path.resolve()
+    if key in seen:
+        return False
+    seen.add(key)
+    return True
+
+
+def _scan(folder: Path) -> list[Path]:
+    """Supported files under `folder`, relative to it and sorted; hidden entries and our own
+    outputs are skipped."""
+    files = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in names:
+            if name.startswith(".") or name.endswith(OUTPUT_SUFFIX):
+                continue
+            if Path(name).suffix.lower() in SUPPORTED_SUFFIXES:
+                files.append(Path(root, name).relative_to(folder))
+    return sorted(files)
+
+
+def _output_paths(rels: list[Path], folder: Path) -> list[Path]:
+    """`folder/<rel without suffix>.summary.md`; inputs that would collide (`x.pdf`, `x.txt`)
+    keep their suffix (`x.pdf.summary.md`) where that tells them apart."""
+    short = [folder / rel.parent / (rel.stem + OUTPUT_SUFFIX) for rel in rels]
+    long = [folder / rel.parent / (rel.name + OUTPUT_SUFFIX) for rel in rels]
+    short_count, long_count = Counter(short), Counter(long)
+    return [
+        s if short_count[s] == 1 or long_count[l] > 1 else l for s, l in zip(short, long)
+    ]
+
+
+# --- running -------------------------------------------------------------------------------
+
+
+def run(
+    plan: Plan,
+    settings: Settings,
+    *,
+    ui: RichUI,
+    force: bool = False,
+    json_lines: bool = False,
+    stdout: TextIO | None = None,
+) -> list[Result]:
+    """Summarize every job in order; a failure is reported and the run goes on."""
+    stdout = stdout or sys.stdout
+    summarizer: Summarizer | None = None
+
+    def get_summarizer() -> Summarizer:
+        # Made on first need: no model is loaded (and nothing is said) when every output is
+        # up to date or every input fails before summarizing.
+        nonlocal summarizer
+        if summarizer is None:
+            summarizer = make_summarizer(settings, ui)
+        return summarizer
+
+    results: list[Result] = []
+    printed = 0
+    for i, job in enumerate(plan.jobs, 1):
+        ui.file_started(job.label, i, len(plan.jobs))
+        result = _process(job, settings, get_summarizer, ui=ui, force=force)
+        if result.summary is not None and (json_lines or job.output is None):
+            _emit(stdout, job, result, json_lines=json_lines, header=plan.headers,
+                  first=not printed)
+            printed += 1
+        ui.file_finished(result)
+        results.append(result)
+    if len(results) > 1:
+        ui.results_table(results)
+    return results
+
+
+def _process(
+    job: Job,
+    settings: Settings,
+    get_summarizer: Callable[[], Summarizer],
+    *,
+    ui: RichUI,
+    force: bool,
+) -> Result:
+    start = time.perf_counter()
+    try:
+        if job.problem:
+            raise SummarizeError(job.problem)
+        if job.output is not None and not force and is_up_to_date(job, settings.fingerprint()):
+            return Result(job.label, "skipped", "up to date (--force rewrites it)", job.output)
+        text = extract_text(job.input, password=settings.password, verbose=settings.verbose)
+        if not text.strip():
+            raise SummarizeError("no text to summarize")
+        summary = get_summarizer().summarize(text, name=job.label)
+        if job.output is not None:
+            write_atomic(job.output, _file_text(summary, settings, job.output))
+        return Result(job.label, "ok", "", job.output, summary, time.perf_counter() - start)
+    except Exception as exc:  # one input's failure, whatever it is, must not end the run
+        reason = _reason(exc, job)
+        ui.error(f"{job.label}: {reason}", exc=exc)
+        return Result(job.label, "failed", reason, job.output, None, time.perf_counter() - start)
+
+
+def _reason(exc: Exception, job: Job) -> str:
+    """A one-line reason, without the input's name (the caller prefixes it)."""
+    if isinstance(exc, SummarizeError):
+        msg = str(exc)
+        names = {job.label, job.input, str(Path(job.input)), Path(job.input).name}
+        for name in sorted(names, key=len, reverse=True):
+            if msg.startswith(f"{name}: "):
+                msg = msg[len(name) + 2 :]
+                break
+    elif isinstance(exc, OSError) and exc.strerror:
+        msg = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    else:
+        msg = f"unexpected {type(exc).__name__}: {exc} (--verbose shows details)"
+    lines = [line.strip() for line in msg.splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _emit(
+    out: TextIO, job: Job, result: Result, *, json_lines: bool, header: bool, first: bool
+) -> None:
+    summary = result.summary
+    assert summary is not None
+    if json_lines:
+        record = {
+            "input": job.input,
+            "summary": summary.text,
+            "words": summary.words,
+            "method": summary.method,
+            "seconds": round(result.seconds or 0.0, 3),
+        }
+        if job.output is not None:
+            record["output"] = str(job.output)
+        for key, value in summary.extra.items():
+            record.setdefault(key, value)
+        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    else:
+        if header:
+            out.write(("" if first else "\n") + f"==> {job.label} <==\n")
+        out.write(summary.text.rstrip("\n") + "\n")
+    out.flush()
+
+
+# --- output files --------------------------------------------------------------------------
+
+
+def _file_text(summary: Summary, settings: Settings, output: Path) -> str:
+    body = summary.text.rstrip("\n") + "\n"
+    if not _carries_header(output):
+        return body
+    # The fingerprint of what was actually made: an extractive fallback for a model run does
+    # not count as up to date, so the model summary replaces it once a model is available.
+    return HEADER.format(fingerprint=settings.fingerprint(summary.method)) + "\n" + body
+
+
+def _carries_header(output: Path) -> bool:
+    """Only Markdown hides the fingerprint comment; a `.txt` output stays the bare summary."""
+    return output.suffix.lower() in (".md", ".markdown")
+
+
+def is_up_to_date(job: Job, fingerprint: str) -> bool:
+    """Whether `job.output` is newer than its input and was written with `fingerprint`."""
+    if job.is_stdin or job.output is None or not _carries_header(job.output):
+        return False
+    try:
+        if job.output.stat().st_mtime_ns < Path(job.input).stat().st_mtime_ns:
+            return False
+        with job.output.open(encoding="utf-8", errors="replace") as f:
+            first_line = f.readline().rstrip("\n")
+    except OSError:
+        return False
+    return first_line == HEADER.format(fingerprint=fingerprint)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` so that readers see the old file or the whole new one, nothing
+    else; the temporary file is removed on any exception, KeyboardInterrupt included."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, _file_mode(path))
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _file_mode(path: Path) -> int:
+    """The mode a plain `open(path, "w")` would give (mkstemp's files are private, 0600)."""
+    try:
+        return path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask

@@ -1,0 +1,197 @@
+"""The `summarize` command: parse the options, make one call into the library, map the outcome
+to an exit code. Exit codes: 0 all inputs ok, 1 some inputs failed, 2 usage error, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperCommand
+from typer.exceptions import TyperException
+
+from summarize import batch
+from summarize.errors import SummarizeError
+from summarize.pipeline import DEFAULT_MODEL, DEFAULT_WORDS, Settings
+from summarize.ui import QuietUI, RichUI
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class Strategy(str, Enum):
+    map_reduce = "map-reduce"
+    stream = "stream"
+
+
+class DType(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class _OneLineErrors(TyperCommand):
+    """Usage errors as one `error: ...` line on stderr (exit 2), instead of a usage panel."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except TyperException as exc:  # typer's (vendored click's) usage errors derive from it
+            typer.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+            code = exc.exit_code
+        except typer.Abort:
+            code = EXIT_FAILED
+        if not standalone_mode:
+            return code
+        sys.exit(code or EXIT_OK)
+
+
+def _probability(p: float | None) -> float | None:
+    """--top-p: 0 < p <= 1."""
+    if p is not None and not 0.0 < p <= 1.0:
+        raise typer.BadParameter(f"{p} is not in the range 0<x<=1.")
+    return p
+
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+
+@app.command(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
+def summarize(
+    inputs: Annotated[list[str], typer.Argument(
+        metavar="INPUT", show_default=False,
+        help="PDF, .txt or .md files, folders (searched recursively), or - for stdin.")],
+    words: Annotated[int, typer.Option(
+        "-n", "--words", min=1, help="Target length in words (a CJK character counts as one).")
+    ] = DEFAULT_WORDS,
+    model: Annotated[str, typer.Option(
+        "-m", "--model", envvar="SUMMARIZE_MODEL", help="Model: a hub id or a local folder.")
+    ] = DEFAULT_MODEL,
+    output: Annotated[str | None, typer.Option(
+        "-o", "--output", metavar="PATH", show_default=False,
+        help="Write to this file (one input) or folder (several inputs or a folder) "
+             "instead of stdout.")] = None,
+    device: Annotated[str | None, typer.Option(
+        envvar="SUMMARIZE_DEVICE", show_default=False,
+        help="cpu, cuda, cuda:1, ... (default: the best available)")] = None,
+    dtype: Annotated[DType | None, typer.Option(
+        envvar="SUMMARIZE_DTYPE", show_default=False,
+        help="Weight precision (default: the best for the device).")] = None,
+    chunk_tokens: Annotated[int | None, typer.Option(
+        "--chunk-tokens", min=1, show_default=False,
+        help="Tokens per chunk of the document (default: the model's choice).")] = None,
+    overlap: Annotated[int | None, typer.Option(
+        min=0, show_default=False, help="Tokens shared by consecutive chunks.")] = None,
+    strategy: Annotated[Strategy, typer.Option(
+        help="map-reduce: read each chunk on its own, then merge the notes; "
+             "stream: one pass with the state carried across the whole document.")
+    ] = Strategy.map_reduce,
+    extractive: Annotated[bool, typer.Option(
+        "--extractive", help="Pick the document's key sentences; no model needed.")] = False,
+    json_lines: Annotated[bool, typer.Option(
+        "--json", help="One JSON object per input per line on stdout.")] = False,
+    diagnostics_file: Annotated[Path | None, typer.Option(
+        "--diagnostics-file", dir_okay=False, show_default=False,
+        help="Write per-layer state diagnostics here as JSON lines.")] = None,
+    temperature: Annotated[float | None, typer.Option(
+        min=0.0, show_default=False, help="Sampling temperature; 0 decodes greedily.")] = None,
+    top_k: Annotated[int | None, typer.Option(
+        "--top-k", min=1, show_default=False, help="Sample among the k likeliest tokens.")] = None,
+    top_p: Annotated[float | None, typer.Option(
+        "--top-p", callback=_probability, show_default=False,
+        help="Sample from the smallest token set with this much probability.")] = None,
+    seed: Annotated[int | None, typer.Option(
+        show_default=False, help="Random seed, for repeatable sampling.")] = None,
+    password: Annotated[str | None, typer.Option(
+        envvar="SUMMARIZE_PASSWORD", show_default=False,
+        help="Password for encrypted PDFs; the env var keeps it out of the process list.")
+    ] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Rewrite output files even when they are up to date.")] = False,
+    quiet: Annotated[bool, typer.Option(
+        "-q", "--quiet", help="Say nothing on stderr but errors.")] = False,
+    verbose: Annotated[bool, typer.Option(
+        "-v", "--verbose", help="Show libraries' warnings and full error details.")] = False,
+) -> None:
+    """Summarize documents: each INPUT's summary of about N words goes to stdout (or to -o).
+
+    Progress, notes and errors go to stderr, so stdout can be piped.
+    """
+    if chunk_tokens is not None and overlap is not None and overlap >= chunk_tokens:
+        raise typer.BadParameter(
+            f"must be smaller than --chunk-tokens ({chunk_tokens})", param_hint="'--overlap'")
+    settings = Settings(
+        words=words, model=model, device=device, dtype=dtype.value if dtype else None,
+        chunk_tokens=chunk_tokens, overlap=overlap, strategy=strategy.value,
+        extractive=extractive, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+        diagnostics_file=str(diagnostics_file) if diagnostics_file else None,
+        password=password, verbose=verbose,
+    )
+    ui = QuietUI(verbose=verbose) if quiet else RichUI(verbose=verbose)
+    code = _run(inputs, output, settings, ui, force=force, json_lines=json_lines)
+    raise typer.Exit(code)
+
+
+def _run(inputs: list[str], output: str | None, settings: Settings, ui: RichUI, *,
+         force: bool, json_lines: bool) -> int:
+    try:
+        with _library_warnings(shown=settings.verbose):
+            try:
+                plan = batch.plan(inputs, output)
+            except SummarizeError as exc:
+                ui.error(str(exc))
+                return EXIT_USAGE
+            results = batch.run(plan, settings, ui=ui, force=force, json_lines=json_lines)
+    except KeyboardInterrupt:
+        ui.close()
+        ui.error("interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _silence_stdout()  # the reader went away (`| head`): nothing more to say
+        return EXIT_FAILED
+    except Exception as exc:  # a bug, not a bad input: still one line unless --verbose
+        ui.close()
+        first_line = next(iter(str(exc).splitlines()), "")
+        ui.error(f"unexpected {type(exc).__name__}: {first_line} (--verbose shows details)",
+                 exc=exc)
+        return EXIT_FAILED
+    finally:
+        ui.close()
+    return EXIT_FAILED if any(r.status == "failed" for r in results) else EXIT_OK
+
+
+@contextmanager
+def _library_warnings(*, shown: bool) -> Iterator[None]:
+    """Keep libraries' warnings (pypdf's malformed-file chatter, ...) off stderr unless asked."""
+    if shown:
+        yield
+        return
+    previous = logging.root.manager.disable
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.disable(logging.ERROR)
+        try:
+            yield
+        finally:
+            logging.disable(previous)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def main() -> None:
+    app(prog_name="summarize")

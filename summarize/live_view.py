@@ -1,0 +1,64 @@
+"""The live view of the model's state while it reads: one row per layer, updated per span.
+
+It only keeps the latest numbers; rich's Live redraws it a few times a second on its own
+thread, so a decode step costs a dictionary update, not a redraw.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from summarize.engine.diagnostics import SpanReport
+
+
+class StateView:
+    """Renders the latest `SpanReport` (sequence 0) with chunk i/n, phase, tokens/s and state bytes."""
+
+    def __init__(self) -> None:
+        self.report: SpanReport | None = None
+        self.input = ""
+        self.chunk: int | None = None
+        self.chunks = 0
+        self.phase = ""
+        self.started = time.perf_counter()
+        self._rate_start = time.perf_counter()
+        self._rate_tokens = 0
+        self._rate = 0.0
+
+    def set_phase(self, progress) -> None:
+        if progress.phase != self.phase:
+            self._rate_start, self._rate_tokens = time.perf_counter(), 0
+        self.input, self.chunk, self.chunks, self.phase = progress.input, progress.chunk, progress.chunks, progress.phase
+
+    def update(self, report: SpanReport) -> None:
+        if report.sequence != 0:
+            return
+        self.report = report
+        self._rate_tokens += report.tokens
+        elapsed = time.perf_counter() - self._rate_start
+        if elapsed > 0:
+            self._rate = self._rate_tokens / elapsed
+
+    def __rich__(self) -> Group:
+        chunk = "-" if self.chunk is None else f"{self.chunk + 1}/{self.chunks}"
+        report = self.report
+        state_mb = report.state_bytes / 2**20 if report else 0.0
+        header = Text(
+            f"{self.input}  chunk {chunk}  {self.phase}  {self._rate:,.0f} tok/s  "
+            f"state {state_mb:,.1f} MiB  {time.perf_counter() - self.started:,.0f} s",
+            style="bold",
+        )
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        for name in ("layer", "kind", "state_norm", "gate_mean", "delta_norm", "kv tokens"):
+            table.add_column(name, justify="right")
+        for layer in report.layers if report else ():
+            if layer.kind == "recurrent":
+                table.add_row(str(layer.layer), "recurrent", f"{layer.state_norm:.3g}", f"{layer.gate_mean:.3f}", f"{layer.delta_norm:.3g}", "")
+            else:
+                table.add_row(str(layer.layer), "attention", "", "", "", str(layer.kv_tokens))
+        return Group(header, table)

@@ -1,0 +1,158 @@
+"""Model-driven summaries end to end, on a tiny random model laid out like the released checkpoints.
+
+A random model writes nonsense, so these tests check contracts, not wording: stdout carries only
+a summary within the word budget, diagnostics are the real per-layer numbers, the instruction
+prefix is computed once per document, and stream mode's recurrent memory does not grow.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from summarize.abstractive import ModelSummarizer, load_session
+from summarize.pipeline import ExtractiveSummarizer, Settings
+from summarize.text import count_words
+from tiny_models import REAL_TOKENIZER, tiny_released_layout
+
+pytestmark = pytest.mark.skipif(not REAL_TOKENIZER.is_file(), reason="needs ../shared/reference/qwen3.5/tokenizer.json")
+
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+NUM_LAYERS = 4
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return tiny_released_layout(tmp_path_factory.mktemp("tiny-qwen3.5"))
+
+
+def sample_pdf() -> Path:
+    return sorted(SAMPLES.glob("*.pdf"))[0]
+
+
+def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    # fp32: tiny matrices are faster in fp32 than in bf16 on a CPU
+    env_args = [sys.executable, "-m", "summarize", "--dtype", "float32", *args]
+    return subprocess.run(env_args, input=stdin, capture_output=True, text=True, timeout=600,
+                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "NO_COLOR": "1"})
+
+
+def test_pdf_to_summary_with_diagnostics(model_dir, tmp_path):
+    diagnostics = tmp_path / "d.jsonl"
+    proc = run_cli(str(sample_pdf()), "-m", str(model_dir), "-n", "50", "--chunk-tokens", "1500",
+                   "--diagnostics-file", str(diagnostics))
+    assert proc.returncode == 0, proc.stderr
+    assert 0 < count_words(proc.stdout) <= 50
+    assert "Traceback" not in proc.stderr
+
+    records = [json.loads(line) for line in diagnostics.read_text().splitlines()]
+    assert {r["phase"] for r in records} == {"prefill", "decode"}
+    assert set(records[0]) == {"input", "chunk", "phase", "layer", "kind", "state_norm", "gate_mean",
+                               "delta_norm", "kv_tokens", "tokens"}
+    # one record per layer per span: records come in whole groups of NUM_LAYERS, layers in order
+    assert len(records) % NUM_LAYERS == 0
+    for start in range(0, len(records), NUM_LAYERS):
+        group = records[start : start + NUM_LAYERS]
+        assert [r["layer"] for r in group] == list(range(NUM_LAYERS))
+        assert len({(r["phase"], r["chunk"], r["tokens"]) for r in group}) == 1
+    for r in records:
+        if r["kind"] == "recurrent":
+            assert math.isfinite(r["state_norm"]) and math.isfinite(r["delta_norm"])
+            assert 0 < r["gate_mean"] < 1
+            assert r["kv_tokens"] is None
+        else:
+            assert r["kv_tokens"] > 0 and r["state_norm"] is None
+    assert all(r["tokens"] == 1 for r in records if r["phase"] == "decode")
+
+
+def test_prefix_is_computed_once_and_restored_once_per_chunk(model_dir):
+    proc = run_cli(str(sample_pdf()), "-m", str(model_dir), "-n", "40", "--chunk-tokens", "2000", "--json")
+    assert proc.returncode == 0, proc.stderr
+    (line,) = proc.stdout.splitlines()
+    result = json.loads(line)
+    if result["method"] == "model":
+        assert result["chunks"] > 1
+        assert result["prefix_prefills"] == 1
+        assert result["restores"] == result["chunks"]
+        assert result["strategy"] == "map-reduce" and result["model"] == str(model_dir)
+    assert result["words"] <= 40
+
+
+def test_prefix_counts_on_the_library_path(model_dir):
+    """Same contract, counted inside the library, whatever the random model writes."""
+    session = load_session(Settings(model=str(model_dir), device="cpu", dtype="float32"), lambda msg: None)
+    summarizer = ModelSummarizer(session, words=30, chunk_tokens=300, overlap=32, fallback=ExtractiveSummarizer(Settings(words=30)))
+    text = sample_pdf().with_suffix(".txt").read_text() if sample_pdf().with_suffix(".txt").exists() else None
+    text = text or sorted(SAMPLES.glob("*.txt"))[0].read_text()
+    summary = summarizer.summarize(text[:12000], name="doc")
+    counters = summarizer.progress.counters
+    assert summarizer.progress.chunks > 2
+    assert counters["prefix_prefills"] == 1
+    assert counters["restores"] == summarizer.progress.chunks
+    assert count_words(summary.text) <= 30
+
+
+def test_stream_recurrent_memory_is_the_same_for_1_and_50_pages(model_dir):
+    session = load_session(Settings(model=str(model_dir), device="cpu", dtype="float32"), lambda msg: None)
+    states = []
+    new_state = session.model.new_state
+
+    def recording_new_state(batch_size=1):
+        state = new_state(batch_size)
+        states.append(state)
+        return state
+
+    session.model.new_state = recording_new_state
+    try:
+        page = sorted(SAMPLES.glob("*.txt"))[0].read_text()[:3000]
+        peak_kv = {}
+        for pages in (1, 50):
+            states.clear()
+            summarizer = ModelSummarizer(session, words=20, strategy="stream", chunk_tokens=1024,
+                                         fallback=ExtractiveSummarizer(Settings(words=20)))
+            kv = []
+            summarizer.on_span = lambda progress, report: kv.append(report.state_bytes)
+            summarizer.summarize("\n\n".join([page] * pages), name=f"{pages} pages")
+            (state,) = states
+            peak_kv[pages] = (state.recurrent_nbytes, state.kv_tokens)
+            assert summarizer.progress.counters["restores"] == 1  # the marker opens only the first chunk
+        assert peak_kv[1][0] == peak_kv[50][0]
+        assert peak_kv[50][1] <= 4096 + 1024 + 200  # prefix + attention window + one chunk + question
+    finally:
+        session.model.new_state = new_state
+
+
+def test_folder_batch_with_a_model(model_dir, tmp_path):
+    docs = tmp_path / "docs"
+    (docs / "sub").mkdir(parents=True)
+    text = sorted(SAMPLES.glob("*.txt"))[0].read_text()[:4000]
+    (docs / "a.txt").write_text(text)
+    (docs / "sub" / "b.md").write_text("# Notes\n\n" + text[:2000])
+    out = tmp_path / "out"
+    proc = run_cli(str(docs), "-m", str(model_dir), "-n", "30", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""
+    for name in ("a.summary.md", "sub/b.summary.md"):
+        body = (out / name).read_text().split("\n", 1)[1]
+        assert 0 < count_words(body) <= 30
+    assert proc.stderr.count("note: model ") == 1  # loaded once for the whole folder
+
+
+def test_missing_model_falls_back_to_extractive(tmp_path):
+    proc = run_cli(str(sample_pdf()), "-m", str(tmp_path / "no-such-model"), "-n", "60")
+    assert proc.returncode == 0
+    assert 0 < count_words(proc.stdout) <= 60
+    assert proc.stderr.count("\n") == 1 and "extractive" in proc.stderr
+
+
+def test_model_load_uses_fp32_state_whatever_the_dtype(model_dir):
+    session = load_session(Settings(model=str(model_dir), device="cpu", dtype="bfloat16"), lambda msg: None)
+    state = session.model.new_state(1)
+    assert session.model.dtype == torch.bfloat16
+    assert all(layer.matrix.dtype == torch.float32 for layer in state.layers if hasattr(layer, "matrix"))
