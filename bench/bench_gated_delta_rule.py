@@ -1,9 +1,11 @@
 """Micro-benchmark: our chunked Gated Delta Rule vs transformers' torch_chunk_gated_delta_rule.
 
 Shape of one Gated DeltaNet layer of Qwen3.5-0.8B (B=1, H=16 value heads, K=V=128), prefill of
-T tokens, fp32 and bf16 inputs, on CPU. Not a test: prints a table (ms per call, best of N).
+T tokens from a random initial state, fp32 and bf16 inputs, on CPU. Not a test: prints a table
+(ms per call, best of N; ours includes the diagnostics unless --no-stats).
 
     python bench/bench_gated_delta_rule.py [--threads 2] [--lengths 512 2048 8192] [--chunk-sizes 32 64 128]
+    python bench/bench_gated_delta_rule.py --threads 1 --cpu-time     # steadier on a busy machine
 """
 
 from __future__ import annotations
@@ -37,16 +39,16 @@ def make_inputs(T: int, dtype: torch.dtype, seed: int = 0) -> dict[str, torch.Te
     return out
 
 
-def best_times(fns: list, repeats: int) -> list[float]:
-    """Best wall time of each function, the functions taking turns so that load changes hit all alike."""
+def best_times(fns: list, repeats: int, clock=time.perf_counter) -> list[float]:
+    """Best time of each function, the functions taking turns so that load changes hit all alike."""
     for fn in fns:
         fn()  # warm-up
     best = [float("inf")] * len(fns)
     for _ in range(repeats):
         for i, fn in enumerate(fns):
-            start = time.perf_counter()
+            start = clock()
             fn()
-            best[i] = min(best[i], time.perf_counter() - start)
+            best[i] = min(best[i], clock() - start)
     return best
 
 
@@ -57,14 +59,25 @@ def main() -> None:
     parser.add_argument("--chunk-sizes", type=int, nargs="+", default=[32, 64, 128])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-stats", action="store_true", help="time ours with with_stats=False")
+    parser.add_argument(
+        "--cpu-time", action="store_true",
+        help="measure process CPU time instead of wall time: steadier on a shared machine, meaningful with --threads 1",
+    )
     args = parser.parse_args()
+    clock = time.process_time if args.cpu_time else time.perf_counter
 
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # its "falling back to the PyTorch implementation" notice
 
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, B={B} H={H} K={K} V={V}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, B={B} H={H} K={K} V={V}, "
+        f"{'CPU' if args.cpu_time else 'wall'} time, best of {args.repeats} (half that at T > 2048)"
+    )
     ours_cols = [f"ours C={c} (ms)" for c in args.chunk_sizes]
-    header = ["T", "dtype", "transformers C=64 (ms)", *ours_cols, "speed-up (best C)"]
+    header = ["T", "dtype", f"transformers C={REFERENCE_CHUNK_SIZE} (ms)", *ours_cols, "speed-up same C", "speed-up best C"]
     rows = []
     for T in args.lengths:
         repeats = max(2, args.repeats if T <= 2048 else args.repeats // 2)
@@ -83,10 +96,14 @@ def main() -> None:
                     chunk_size=c, with_stats=not args.no_stats,
                 )
 
-            t_ref, *t_ours = best_times([reference, *(ours(c) for c in args.chunk_sizes)], repeats)
+            t_ref, *t_ours = best_times([reference, *(ours(c) for c in args.chunk_sizes)], repeats, clock)
             name = "fp32" if dtype == torch.float32 else "bf16"
+            same = (
+                f"{t_ref / t_ours[args.chunk_sizes.index(REFERENCE_CHUNK_SIZE)]:.2f}x"
+                if REFERENCE_CHUNK_SIZE in args.chunk_sizes else "-"
+            )
             rows.append([str(T), name, f"{t_ref * 1e3:.1f}", *(f"{t * 1e3:.1f}" for t in t_ours),
-                         f"{t_ref / min(t_ours):.2f}x"])
+                         same, f"{t_ref / min(t_ours):.2f}x"])
             print("  ".join(rows[-1]), flush=True)
 
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]

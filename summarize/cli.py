@@ -66,9 +66,9 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
 @app.command(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 def summarize(
-    inputs: Annotated[list[str], typer.Argument(
+    inputs: Annotated[list[str] | None, typer.Argument(
         metavar="INPUT", show_default=False,
-        help="PDF, .txt or .md files, folders (searched recursively), or - for stdin.")],
+        help="PDF, .txt or .md files, folders (searched recursively), or - for stdin.")] = None,
     words: Annotated[int, typer.Option(
         "-n", "--words", min=1, help="Target length in words (a CJK character counts as one).")
     ] = DEFAULT_WORDS,
@@ -120,11 +120,18 @@ def summarize(
         "-q", "--quiet", help="Say nothing on stderr but errors.")] = False,
     verbose: Annotated[bool, typer.Option(
         "-v", "--verbose", help="Show libraries' warnings and full error details.")] = False,
+    pull: Annotated[bool, typer.Option(
+        "--pull", help="Download the model (-m) into the local cache ahead of time, then exit.")
+    ] = False,
 ) -> None:
     """Summarize documents: each INPUT's summary of about N words goes to stdout (or to -o).
 
     Progress, notes and errors go to stderr, so stdout can be piped.
     """
+    if pull:
+        raise typer.Exit(_pull(model, quiet=quiet))
+    if not inputs:
+        raise typer.BadParameter("give at least one INPUT (a file, a folder or -)", param_hint="'INPUT'")
     if chunk_tokens is not None and overlap is not None and overlap >= chunk_tokens:
         raise typer.BadParameter(
             f"must be smaller than --chunk-tokens ({chunk_tokens})", param_hint="'--overlap'")
@@ -138,6 +145,21 @@ def summarize(
     ui = QuietUI(verbose=verbose) if quiet else RichUI(verbose=verbose)
     code = _run(inputs, output, settings, ui, force=force, json_lines=json_lines)
     raise typer.Exit(code)
+
+
+def _pull(model: str, *, quiet: bool) -> int:
+    """Fetch a hub model with huggingface_hub's progress bars on stderr; a folder is just checked."""
+    from summarize.engine.loading import read_config, resolve_source
+
+    ui = QuietUI() if quiet else RichUI()
+    try:
+        folder = resolve_source(model)
+        read_config(folder)
+    except SummarizeError as exc:
+        ui.error(str(exc))
+        return EXIT_FAILED
+    ui.note(f"model {model} is ready in {folder}")
+    return EXIT_OK
 
 
 def _run(inputs: list[str], output: str | None, settings: Settings, ui: RichUI, *,

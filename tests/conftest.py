@@ -115,3 +115,9 @@ def image_only_pdf(tmp_path: Path) -> Path:
     path = tmp_path / "scanned.pdf"
     pdf.output(str(path))
     return path
+
+
+@pytest.fixture(autouse=True)
+def _no_network(monkeypatch):
+    """Tests never reach a model hub: a hub id resolves from the local cache or not at all."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -337,3 +337,21 @@ def test_unreachable_hub_id_is_a_clear_error(monkeypatch, tmp_path):
 
 def test_model_is_the_qwen_class(dense):
     assert isinstance(dense[1], Qwen35Model)
+
+
+def test_greedy_generation_equals_transformers_generate(dense):
+    from summarize.engine.generate import generate
+
+    reference, model = dense
+    prompt = random_ids(1, 23, seed=19)
+    with torch.no_grad():
+        want = reference.generate(prompt, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+    got = generate(model, prompt[0].tolist(), model.new_state(1), tokenizer=_NoText(), stop_ids=(), max_new_tokens=20)
+    assert got.token_ids == want[0, 23:].tolist()
+
+
+class _NoText:
+    """The random model's ids are not text; generation only needs decode() for the final string."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return ""
