@@ -53,7 +53,9 @@ def best_times(fns: list, repeats: int, clock=time.perf_counter) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
     parser.add_argument("--chunk-sizes", type=int, nargs="+", default=[32, 64, 128])
@@ -61,7 +63,7 @@ def main() -> None:
     parser.add_argument("--no-stats", action="store_true", help="time ours with with_stats=False")
     parser.add_argument(
         "--cpu-time", action="store_true",
-        help="measure process CPU time instead of wall time: steadier on a shared machine, meaningful with --threads 1",
+        help="process CPU time instead of wall time: steadier on a shared machine; use with --threads 1",
     )
     args = parser.parse_args()
     clock = time.process_time if args.cpu_time else time.perf_counter
@@ -77,7 +79,10 @@ def main() -> None:
         f"{'CPU' if args.cpu_time else 'wall'} time, best of {args.repeats} (half that at T > 2048)"
     )
     ours_cols = [f"ours C={c} (ms)" for c in args.chunk_sizes]
-    header = ["T", "dtype", f"transformers C={REFERENCE_CHUNK_SIZE} (ms)", *ours_cols, "speed-up same C", "speed-up best C"]
+    header = [
+        "T", "dtype", f"transformers C={REFERENCE_CHUNK_SIZE} (ms)", *ours_cols,
+        "speed-up same C", "speed-up best C",
+    ]
     rows = []
     for T in args.lengths:
         repeats = max(2, args.repeats if T <= 2048 else args.repeats // 2)

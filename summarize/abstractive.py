@@ -15,15 +15,15 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, TextIO
 
 import torch
 
 from summarize.chunking import Chunk, chunk_text
 from summarize.engine.diagnostics import SpanReport
-from summarize.engine.generate import SamplingParams, generate
-from summarize.engine.tokenizer import Tokenizer, chat_prefix_ids, chat_prompt_ids, chat_suffix_ids
+from summarize.engine.generate import SamplingParams, generate_batch
+from summarize.engine.state import State
+from summarize.engine.tokenizer import Tokenizer
 from summarize.errors import SummarizeError
 from summarize.text import count_words, trim_to_words
 
@@ -37,7 +37,8 @@ STREAM_ATTENTION_WINDOW = 4096  # tokens the attention layers keep in stream mod
 # Qwen's recommendation for non-thinking use; the penalty keeps a small model from looping.
 # A fixed default seed makes a run repeatable; --seed changes it.
 DEFAULT_SAMPLING = SamplingParams(temperature=0.7, top_k=20, top_p=0.8, presence_penalty=1.5, seed=0)
-RESTATE_LIMIT = 2  # how often the final summary is asked for again when the first is unusable
+RESTATE_LIMIT = 2
+MAP_BATCH = 8  # chunks whose notes are decoded together  # how often the final summary is asked for again when the first is unusable
 
 MAP_INSTRUCTION = (
     "You are reading one part of a longer document. Write notes on this part: its main points, "
@@ -69,7 +70,7 @@ class ModelSession:
     """A loaded model with what it needs to talk: tokenizer, stop ids, sampling."""
 
     model: object
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer  # or another family's tokenizer with the same surface (RwkvTokenizer)
     stop_ids: frozenset[int]
     sampling: SamplingParams
     name: str
@@ -83,6 +84,7 @@ class Progress:
     chunk: int | None = None
     chunks: int = 0
     phase: str = "prefill"
+    rows: list[int] | None = None  # chunk index of each batch row while chunks decode together
     counters: dict[str, int] = field(default_factory=dict)
 
 
@@ -172,28 +174,35 @@ class ModelSummarizer:
 
     def _single(self, chunk: Chunk) -> str:
         """A document that fits one window is summarized directly."""
-        prompt = chat_prompt_ids(self.s.tokenizer, SINGLE_INSTRUCTION.format(words=self.words) + chunk.text)
+        prompt = self.s.tokenizer.chat_prompt_ids(SINGLE_INSTRUCTION.format(words=self.words) + chunk.text)
         return self._final(lambda: self._prompt_state(prompt, chunk=0))
 
     def _map_reduce(self, chunks: list[Chunk]) -> str:
         model, tok = self.s.model, self.s.tokenizer
-        state = model.new_state(1)
+        prefix_state = model.new_state(1)
         self._phase(None, "prefix")
-        prefix = chat_prefix_ids(tok, None, MAP_INSTRUCTION.format(words=NOTES_WORDS))
-        self._prefill(prefix, state)
+        self._prefill(tok.chat_prefix_ids(None, MAP_INSTRUCTION.format(words=NOTES_WORDS)), prefix_state)
         self.progress.counters["prefix_prefills"] += 1
-        snapshot = state.snapshot()
+        snapshot = prefix_state.snapshot()
         notes = []
-        for chunk in chunks:
-            assert chunk.resets_state  # map-reduce: every chunk opens with the marker
-            state.restore(snapshot)  # the reset-state marker: back to "just read the instruction"
-            self.progress.counters["restores"] += 1
-            self._phase(chunk.index, "prefill")
-            logits = self._prefill(chat_suffix_ids(tok, chunk.text, MAP_QUESTION), state)
-            self._phase(chunk.index, "decode")
-            note = clean_output(self._generate(logits, state, NOTES_WORDS).text)
-            if note:
-                notes.append(note)
+        for start in range(0, len(chunks), MAP_BATCH):
+            group = chunks[start : start + MAP_BATCH]
+            states, first_logits = [], []
+            for chunk in group:  # chunks differ in length: each is read on its own...
+                assert chunk.resets_state  # map-reduce: every chunk opens with the marker
+                state = model.new_state(1)
+                state.restore(snapshot)  # the reset-state marker: back to "just read the instruction"
+                self.progress.counters["restores"] += 1
+                self._phase(chunk.index, "prefill")
+                first_logits.append(self._prefill(tok.chat_suffix_ids(chunk.text, MAP_QUESTION), state))
+                states.append(state)
+            # ...and their notes are written together: decoding is memory-bound, a batch costs
+            # about what one sequence does
+            self.progress.rows = [chunk.index for chunk in group]
+            self._phase(group[0].index, "decode")
+            generations = self._generate(torch.cat(first_logits), State.stack(states), NOTES_WORDS)
+            self.progress.rows = None
+            notes += [note for note in (clean_output(g.text) for g in generations) if note]
         return self._reduce(notes)
 
     def _reduce(self, notes: list[str]) -> str:
@@ -213,20 +222,20 @@ class ModelSummarizer:
             merged = []
             for group in groups:
                 self._phase(None, "merge")
-                prompt = chat_prompt_ids(tok, REDUCE_PROMPT.format(words=NOTES_WORDS * 2, notes="\n\n".join(group)))
+                prompt = tok.chat_prompt_ids(REDUCE_PROMPT.format(words=NOTES_WORDS * 2, notes="\n\n".join(group)))
                 state = self.s.model.new_state(1)
                 logits = self._prefill(prompt, state)
                 self._phase(None, "decode")
-                merged.append(clean_output(self._generate(logits, state, NOTES_WORDS * 2).text))
+                merged.append(clean_output(self._generate(logits, state, NOTES_WORDS * 2)[0].text))
             notes = [n for n in merged if n]
-        prompt = chat_prompt_ids(tok, REDUCE_PROMPT.format(words=self.words, notes="\n\n".join(notes)))
+        prompt = tok.chat_prompt_ids(REDUCE_PROMPT.format(words=self.words, notes="\n\n".join(notes)))
         return self._final(lambda: self._prompt_state(prompt, chunk=None))
 
     def _stream(self, chunks: list[Chunk]) -> str:
         model, tok = self.s.model, self.s.tokenizer
         state = model.new_state(1)
         self._phase(None, "prefix")
-        prefix = chat_prefix_ids(tok, None, STREAM_INSTRUCTION)
+        prefix = tok.chat_prefix_ids(None, STREAM_INSTRUCTION)
         self._prefill(prefix, state)
         self.progress.counters["prefix_prefills"] += 1
         snapshot = state.snapshot()
@@ -236,14 +245,14 @@ class ModelSummarizer:
                 self.progress.counters["restores"] += 1
             self._phase(chunk.index, "prefill")
             text = chunk.text if chunk.index == 0 else " " + chunk.text
-            self._prefill(tok.encode(text), state)
+            self._prefill(tok.chat_text_ids(text), state)
             state.keep_attention_window(keep_first=len(prefix), keep_last=STREAM_ATTENTION_WINDOW)
         after_document = state.snapshot()
 
         def ask() -> tuple[torch.Tensor, object]:
             state.restore(after_document)
             self._phase(None, "prefill")
-            return self._prefill(chat_suffix_ids(tok, "", STREAM_QUESTION.format(words=self.words)), state), state
+            return self._prefill(tok.chat_suffix_ids("", STREAM_QUESTION.format(words=self.words)), state), state
 
         return self._final(ask)
 
@@ -254,7 +263,7 @@ class ModelSummarizer:
         for _ in range(1 + RESTATE_LIMIT):
             logits, state = start()
             self._phase(None, "decode")
-            text = trim_to_words(clean_output(self._generate(logits, state, self.words).text), self.words)
+            text = trim_to_words(clean_output(self._generate(logits, state, self.words)[0].text), self.words)
             if count_words(text) > 0:
                 return text
             if self.s.sampling.temperature == 0:
@@ -271,14 +280,17 @@ class ModelSummarizer:
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.s.model.device)
         return self.s.model.prefill(input_ids, state)
 
-    def _generate(self, logits: torch.Tensor, state, words: int):
+    def _generate(self, logits: torch.Tensor, state, words: int) -> list:
+        """Generate from prefilled `state` (a batch of rows) up to the token budget for `words`."""
         budget = int(words * TOKENS_PER_WORD) + 16
-        result = generate(
+        results = generate_batch(
             self.s.model, None, state, tokenizer=self.s.tokenizer, stop_ids=self.s.stop_ids,
             max_new_tokens=budget, sampling=self.s.sampling, first_logits=logits,
         )
-        self.progress.counters["tokens_out"] += len(result.token_ids)
-        return result
+        self.progress.counters["tokens_out"] += sum(len(r.token_ids) for r in results)
+        for result in results:  # RWKV: an answer ends where the model opens the next round
+            result.text = self.s.tokenizer.cut_at_stop(result.text)
+        return results
 
     def _phase(self, chunk: int | None, phase: str) -> None:
         self.progress.chunk, self.progress.phase = chunk, phase
@@ -290,7 +302,7 @@ class ModelSummarizer:
             for layer in report.layers:
                 record = {
                     "input": self.progress.input,
-                    "chunk": self.progress.chunk,
+                    "chunk": self.progress.rows[report.sequence] if self.progress.rows else self.progress.chunk,
                     "phase": report.phase,
                     "layer": layer.layer,
                     "kind": layer.kind,
@@ -308,14 +320,11 @@ class ModelSummarizer:
 def load_session(settings, notify: Callable[[str], None]) -> ModelSession:
     """Load the model named in `settings` with its tokenizer and stop ids (raises ModelNotAvailable)."""
     from summarize.engine import load_model
-    from summarize.engine.tokenizer import load_stop_ids
+    from summarize.engine.loading import load_tokenizer
 
     dtype = getattr(torch, settings.dtype) if settings.dtype else None
     model = load_model(settings.model, device=settings.device, dtype=dtype)
-    tokenizer_file = Path(model.source) / "tokenizer.json"
-    if not tokenizer_file.is_file():
-        raise SummarizeError(f"{settings.model}: no tokenizer.json beside the weights")
-    tokenizer = Tokenizer.from_file(tokenizer_file)
+    tokenizer, stop_ids = load_tokenizer(model)
     sampling = SamplingParams(
         temperature=DEFAULT_SAMPLING.temperature if settings.temperature is None else settings.temperature,
         top_k=DEFAULT_SAMPLING.top_k if settings.top_k is None else settings.top_k,
@@ -324,4 +333,4 @@ def load_session(settings, notify: Callable[[str], None]) -> ModelSession:
         seed=DEFAULT_SAMPLING.seed if settings.seed is None else settings.seed,
     )
     notify(f"model {settings.model} on {model.device} ({str(model.dtype).removeprefix('torch.')})")
-    return ModelSession(model, tokenizer, load_stop_ids(model.source, tokenizer), sampling, settings.model)
+    return ModelSession(model, tokenizer, stop_ids, sampling, settings.model)

@@ -204,6 +204,16 @@ def test_strided_inputs():
     assert_close(s, s_ref)
 
 
+def test_inputs_requiring_grad():
+    """Called outside no_grad / inference_mode with parameters upstream: still runs."""
+    x, state = make_inputs(20, seed=17)
+    xg = {n: t.clone().requires_grad_() for n, t in x.items()}
+    o, s, _ = chunk_gated_delta_rule(**xg, initial_state=state)
+    o_ref, s_ref = naive_recurrent_gated_delta_rule(**x, initial_state=state)
+    assert_close(o, o_ref)
+    assert_close(s, s_ref)
+
+
 def _expected_stats(x, state):
     S, u, _ = naive_with_u(x, state)
     k = x["k"].double()
@@ -222,7 +232,8 @@ def test_chunk_stats_match_naive(T):
     x["k"] = x["k"] * torch.linspace(0.5, 1.5, T)[None, :, None, None]
     _, _, stats = chunk_gated_delta_rule(**x, initial_state=state)
     state_norm, gate_mean, delta_norm = _expected_stats(x, state)
-    for got, want in zip((stats.state_norm, stats.gate_mean, stats.delta_norm), (state_norm, gate_mean, delta_norm)):
+    got_all = (stats.state_norm, stats.gate_mean, stats.delta_norm)
+    for got, want in zip(got_all, (state_norm, gate_mean, delta_norm)):
         assert got.shape == (B,) and got.dtype == torch.float32
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
 

@@ -355,3 +355,25 @@ class _NoText:
 
     def decode(self, ids, skip_special_tokens=True):
         return ""
+
+
+def test_states_of_different_lengths_decode_as_one_batch(dense):
+    """Chunks read one by one (different lengths) then decode together, as map-reduce does."""
+    _, model = dense
+    prompts = [random_ids(1, n, seed=20 + n) for n in (9, 31, 20)]
+    singles, firsts = [], []
+    for prompt in prompts:
+        state = model.new_state(1)
+        firsts.append(model.prefill(prompt, state))
+        singles.append(state)
+    batch = type(singles[0]).stack(singles)
+    # reference: each sequence decoded alone from a copy of its own state
+    alone = []
+    for prompt in prompts:
+        state = model.new_state(1)
+        model.prefill(prompt, state)
+        alone.append([model.decode(torch.tensor([t]), state) for t in (3, 4, 5)])
+    for step, token in enumerate((3, 4, 5)):
+        rows = model.decode(torch.tensor([token] * 3), batch)
+        for b in range(3):
+            assert_logits_close(rows[b : b + 1], alone[b][step], rel=1e-5)

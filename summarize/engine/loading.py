@@ -1,8 +1,9 @@
-"""Find a checkpoint (local folder or hub id), read its config, and build the model lazily.
+"""Find a checkpoint (local folder, hub id or `.pth` file), read its config, and build the model lazily.
 
 Tensors are read one at a time from memory-mapped safetensors files and converted straight to
 the target device and dtype, so peak memory is about one copy of the weights. Tensors the model
-does not use (a vision tower, an MTP head) are never read.
+does not use (a vision tower, an MTP head) are never read. A BlinkDL `.pth` (RWKV-7) is opened
+memory-mapped with `weights_only=True`, which never runs code from the file.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from summarize.engine import qwen3_5
+from summarize.engine import qwen3_5, rwkv7
 from summarize.errors import SummarizeError
+
+FAMILIES = (qwen3_5, rwkv7)  # each module: MODEL_TYPES and build(config, checkpoint, device=, dtype=)
 
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.pth"]
 FP32_ALWAYS = torch.float32  # tensors a family asks for in fp32 (decay parameters) stay fp32
@@ -88,25 +91,79 @@ class Checkpoint:
     def names(self) -> list[str]:
         return list(self._where)
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._where[name].get_slice(name).get_shape())
+
     def read(self, name: str) -> torch.Tensor:
         if name not in self._where:
             raise SummarizeError(f"{self.folder}: checkpoint lacks tensor {name}")
         return self._where[name].get_tensor(name)
 
 
+class TorchCheckpoint:
+    """The tensors of a `.pth` file (a BlinkDL RWKV checkpoint), memory-mapped, same surface as Checkpoint."""
+
+    def __init__(self, path: Path) -> None:
+        self.folder = path  # named in messages
+        try:
+            tensors = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as exc:  # not a zip checkpoint, pickled code refused, truncated file
+            raise SummarizeError(f"{path}: not a readable PyTorch checkpoint ({exc})") from None
+        if not isinstance(tensors, dict) or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+            raise SummarizeError(f"{path}: not a checkpoint of named tensors")
+        self._tensors: dict[str, torch.Tensor] = tensors
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._tensors
+
+    def names(self) -> list[str]:
+        return list(self._tensors)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._tensors[name].shape)
+
+    def read(self, name: str) -> torch.Tensor:
+        if name not in self._tensors:
+            raise SummarizeError(f"{self.folder}: checkpoint lacks tensor {name}")
+        return self._tensors[name]
+
+
 def load_model(source: str | os.PathLike, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
-    """Load a recurrent-state model from a local folder or a hub id (design §5)."""
+    """Load a recurrent-state model from a local folder, a hub id or an RWKV-7 `.pth` file (design §5)."""
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
+    path = Path(source).expanduser()
+    if path.suffix == ".pth":
+        if not path.is_file():
+            raise ModelNotAvailable(f"{source}: no such checkpoint file")
+        model = rwkv7.build({}, TorchCheckpoint(path), device=device, dtype=dtype)
+        model.source = path.parent
+        return model
     folder = resolve_source(source)
     config = read_config(folder)
     model_type = config.get("model_type") or config.get("text_config", {}).get("model_type")
-    if model_type in qwen3_5.MODEL_TYPES:
-        family = qwen3_5
-    else:
-        raise SummarizeError(f"{folder}: unsupported model_type {model_type!r} (supported: {', '.join(qwen3_5.MODEL_TYPES)})")
+    family = next((f for f in FAMILIES if model_type in f.MODEL_TYPES), None)
+    if family is None:
+        supported = ", ".join(t for f in FAMILIES for t in f.MODEL_TYPES)
+        raise SummarizeError(f"{folder}: unsupported model_type {model_type!r} (supported: {supported})")
     with ExitStack() as stack:
         checkpoint = Checkpoint(folder, stack)
         model = family.build(config, checkpoint, device=device, dtype=dtype)
     model.source = folder
     return model
+
+
+def load_tokenizer(model):
+    """The tokenizer that goes with a loaded model, and the token ids that end its answers."""
+    if model.family == rwkv7.FAMILY:
+        from summarize.engine.rwkv_tokenizer import RwkvTokenizer
+
+        tokenizer = RwkvTokenizer.default()
+        return tokenizer, tokenizer.stop_ids
+    from summarize.engine.tokenizer import Tokenizer, load_stop_ids
+
+    path = Path(model.source) / "tokenizer.json"
+    if not path.is_file():
+        raise SummarizeError(f"{model.source}: no tokenizer.json beside the weights")
+    tokenizer = Tokenizer.from_file(path)
+    return tokenizer, load_stop_ids(model.source, tokenizer)

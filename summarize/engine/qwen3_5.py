@@ -274,12 +274,15 @@ class GatedAttention(nn.Module):
         q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         past = cache.length
         keys, values = cache.append(k, v)
-        if T == 1:
+        if T == 1 and cache.pad is None:
             mask, causal = None, False
-        elif past == 0:
+        elif past == 0 and cache.pad is None:
             mask, causal = None, True
-        else:  # new tokens see the whole cache and, causally, each other
-            mask = torch.arange(T, device=x.device)[:, None] + past >= torch.arange(past + T, device=x.device)[None, :]
+        else:  # new tokens see the whole cache and, causally, each other; never a row's padding
+            key_index = torch.arange(past + T, device=x.device)
+            mask = torch.arange(T, device=x.device)[:, None] + past >= key_index[None, :]
+            if cache.pad is not None:
+                mask = mask & (key_index >= cache.pad[:, None, None, None])  # [B, 1, T, past+T]
             causal = False
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=True)
         out = out.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate.reshape(B, T, -1))
@@ -449,8 +452,12 @@ class Qwen35Model(nn.Module):
     def _blocks(self, input_ids: Tensor, state: State, phase: str) -> tuple[Tensor, list]:
         """Run every layer over input_ids [B, T]; return the last hidden states and per-layer stats."""
         T = input_ids.shape[1]
-        positions = torch.arange(state.position, state.position + T, device=self.device, dtype=torch.float32)
-        freqs = positions[:, None] * self.inv_freq[None, :]
+        steps = torch.arange(T, device=self.device)
+        if state.row_positions is None:  # every row at the same position: [T, rot]
+            positions = (state.position + steps).float()
+        else:  # rows that read different lengths: [B, 1, T, rot], broadcast over heads
+            positions = (state.row_positions[:, None] + steps)[:, None, :].float()
+        freqs = positions[..., None] * self.inv_freq
         emb = torch.cat([freqs, freqs], dim=-1)
         rotary = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
         # prefill always checks the state (cheap per chunk); decode only when someone listens
@@ -468,6 +475,8 @@ class Qwen35Model(nn.Module):
             x = x + h
             x = x + layer.mlp(rms_norm(x, layer.post_norm, layer.eps))
         state.position += T
+        if state.row_positions is not None:
+            state.row_positions += T
         return x, stats
 
     def _report(self, stats: list, state: State, phase: str, tokens: int) -> None:

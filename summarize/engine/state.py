@@ -46,6 +46,7 @@ class KVCache:
     keys: torch.Tensor
     values: torch.Tensor
     length: int = 0
+    pad: torch.Tensor | None = None  # [B] positions at the start of each row that hold no token
 
     @property
     def capacity(self) -> int:
@@ -105,6 +106,7 @@ class State:
 
     layers: list[LayerState]
     position: int = 0  # tokens consumed so far (the rotary position of the next token)
+    row_positions: torch.Tensor | None = None  # [B] per-row positions when rows read different lengths
 
     @property
     def batch_size(self) -> int:
@@ -127,6 +129,34 @@ class State:
     @property
     def kv_tokens(self) -> int:
         return max((layer.length for layer in self.layers if isinstance(layer, KVCache)), default=0)
+
+    @classmethod
+    def stack(cls, states: list[State]) -> State:
+        """One batch from batch-1 states that may have read different lengths (for batched decode).
+
+        Recurrent tensors are concatenated; KV caches are right-aligned, the unused start of each
+        row is marked as padding, and each row keeps its own rotary position.
+        """
+        layers: list[LayerState] = []
+        for per_row in zip(*(state.layers for state in states)):
+            first = per_row[0]
+            if isinstance(first, RecurrentLayerState):
+                layers.append(RecurrentLayerState(
+                    matrix=torch.cat([layer.matrix for layer in per_row]),
+                    shift=torch.cat([layer.shift for layer in per_row]),
+                ))
+                continue
+            longest = max(layer.length for layer in per_row)
+            shape = (len(per_row), first.keys.shape[1], longest + KV_GROWTH_TOKENS, first.keys.shape[3])
+            keys, values = first.keys.new_zeros(shape), first.values.new_zeros(shape)
+            for row, layer in enumerate(per_row):
+                keys[row, :, longest - layer.length : longest] = layer.keys[0, :, : layer.length]
+                values[row, :, longest - layer.length : longest] = layer.values[0, :, : layer.length]
+            pad = torch.tensor([longest - layer.length for layer in per_row], device=keys.device)
+            layers.append(KVCache(keys=keys, values=values, length=longest, pad=pad))
+        positions = [state.position for state in states]
+        row_positions = torch.tensor(positions, device=states[0]._device())
+        return cls(layers=layers, position=max(positions), row_positions=row_positions)
 
     def snapshot(self) -> Snapshot:
         saved = []

@@ -118,6 +118,25 @@ class Tokenizer:
             return False
         return True
 
+    # The chat surface the pipeline calls; every family's tokenizer has these methods.
+
+    def chat_prompt_ids(self, user: str, *, system: str | None = None, assistant_prefix: str = "") -> list[int]:
+        return chat_prompt_ids(self, user, system=system, assistant_prefix=assistant_prefix)
+
+    def chat_prefix_ids(self, system: str | None, instruction: str) -> list[int]:
+        return chat_prefix_ids(self, system, instruction)
+
+    def chat_suffix_ids(self, document_chunk: str, question: str = "", *, assistant_prefix: str = "") -> list[int]:
+        return chat_suffix_ids(self, document_chunk, question, assistant_prefix=assistant_prefix)
+
+    def chat_text_ids(self, text: str) -> list[int]:
+        """Ids of more user-turn text, between `chat_prefix_ids` and `chat_suffix_ids`."""
+        return self.encode(text)
+
+    def cut_at_stop(self, text: str) -> str:
+        """The answer in `text`: all of it, since a Qwen turn ends on a stop id (<|im_end|>)."""
+        return text
+
 
 # ---------------------------------------------------------------------------------------------
 # Qwen3.5 chat format, thinking off:

@@ -94,6 +94,7 @@ def naive_recurrent_gated_delta_rule(
     return o.to(v.dtype), S
 
 
+@torch.no_grad()  # inference only: the in-place and out= products are not differentiable
 def chunk_gated_delta_rule(
     *,
     q: Tensor,
@@ -110,10 +111,12 @@ def chunk_gated_delta_rule(
     """Chunked parallel form of the recurrence, for prefill. Computes in fp32 whatever the input dtype.
 
     Within a chunk of C tokens the C delta-rule updates are folded into a few matrix products and one
-    unit-lower-triangular solve (the WY / UT representation). Everything that does not depend on the
-    carried state is computed for a block of chunks at once in batched products; only the
-    state-dependent products run in a loop over chunks. The last chunk is zero-padded (k = 0,
-    beta = 0, g = 0), which leaves the state unchanged.
+    unit-lower-triangular solve (the WY / UT representation). What does not depend on the carried
+    state (decay masks, (I + L)^-1, the intra-chunk q.k attention, decayed q and k) is computed in
+    batched products for a block of chunks at once; the loop over chunks keeps only the products
+    with the state or with u. Blocks (a few thousand token x head rows on CPU) keep the working set
+    in cache, which measured faster than one batch over the whole span. The last chunk is
+    zero-padded (k = 0, beta = 0, g = 0), which leaves the state unchanged.
 
     Args:
         q, k: [B, T, H, K], L2-normalised over K; k heads already repeated to H.
@@ -233,6 +236,8 @@ def _chunk_block(
     )
 
     # --- State-dependent part, one chunk at a time ----------------------------------------------
+    # (I + L)^-1 and attn multiply u here, C^2 V each, rather than being folded into precomputed
+    # terms outside the loop, which would cost C^2 (V + K) each: fewer flops, measured faster.
     read = torch.empty(B * H, 2 * C, V, **f32)
     u = torch.empty(N, B * H, C, V, **f32)
     o = torch.empty(N, B * H, C, V, **f32)
@@ -283,17 +288,18 @@ def recurrent_step_gated_delta_rule(
     qk = torch.stack((q, k), dim=-2)  # [B, H, 2, K]
     read = torch.matmul(qk, state).mul_(alpha)  # [B, H, 2, V]: alpha [q^T S; k^T S]
     u = torch.sub(v, read[..., 1, :]).mul_(beta.unsqueeze(-1))  # [B, H, V]
-    qk_dot = (q * k).sum(-1, keepdim=True)
+    qk_dot = torch.linalg.vecdot(q, k).unsqueeze(-1)  # [B, H, 1]
     o = read[..., 0, :].addcmul_(qk_dot, u).mul_(scale)
     state.mul_(alpha).addcmul_(k.unsqueeze(-1), u.unsqueeze(-2))
     o = o.to(out_dtype)
     if not with_stats:
         return o
     B = state.shape[0]
+    delta_per_head = torch.linalg.vector_norm(k, dim=-1).mul_(torch.linalg.vector_norm(u, dim=-1))
     stats = DeltaRuleStats(
-        state_norm=state.reshape(B, -1).norm(dim=-1),
+        state_norm=torch.linalg.vector_norm(state.reshape(B, -1), dim=-1),
         gate_mean=alpha.view(B, -1).mean(dim=-1),
-        delta_norm=(k.square().sum(-1) * u.square().sum(-1)).sum(-1).sqrt(),
+        delta_norm=torch.linalg.vector_norm(delta_per_head, dim=-1),  # heads in quadrature
     )
     return o, stats
 

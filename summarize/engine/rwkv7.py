@@ -1,0 +1,465 @@
+"""RWKV-7 ("Goose", x070): every layer is recurrent; nothing grows with the context.
+
+Each layer is a time-mix (token shift, LoRA projections for the decay, the in-context learning
+rate, the value residual and the output gate, then one call into the wkv7 op, a per-head group
+norm and the bonus term) followed by a channel-mix (token shift, squared-ReLU MLP). The reference
+is BlinkDL's `RWKV_x070` (the `rwkv` package); the Hugging Face layout is flash-linear-attention's.
+
+Conventions fixed here, once, at load time:
+- Canonical tensor names are BlinkDL's (`blocks.N.att.w1`, ...). A Hugging Face checkpoint is read
+  through a name table (`HF_NAMES`); its LoRA matrices are stored transposed and are turned back.
+- `blocks.0.ln0` is folded into the embedding (a LayerNorm of each row), so the model never runs it.
+- Layer 0 has no value residual: its v0/v1/v2, present in BlinkDL's files, are dropped unread.
+- The decay bias w0 and all norm weights stay fp32; the wkv state is fp32 whatever the weight dtype.
+- Sizes (heads, head size, LoRA ranks, FFN width, layers, vocabulary) come from tensor shapes.
+
+State per layer: `RecurrentLayerState(matrix=[B, H, N, N] fp32 (key rows, value columns),
+shift=[B, 2, C])`, shift[:, 0] the time-mix's previous input, shift[:, 1] the channel-mix's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from summarize.engine.diagnostics import LayerReport, Listener, NonFiniteStateError, SpanReport
+from summarize.engine.ops.gated_delta_rule import DeltaRuleStats
+from summarize.engine.ops.rwkv7_wkv import chunk_rwkv7, recurrent_step_rwkv7
+from summarize.engine.state import RecurrentLayerState, State
+from summarize.errors import SummarizeError
+
+FAMILY = "rwkv7"
+MODEL_TYPES = ("rwkv7", "rwkv7_fla")  # config.json model_type of the Hugging Face layout
+PREFILL_BLOCK_TOKENS = 2048  # prefill runs in blocks of at most this many tokens: bounded activations
+DECAY_SCALE = math.exp(-0.5)  # w = exp(-e^{-1/2} sigmoid(.)) lies in (0.545, 1)
+LAYER_NORM_EPS = 1e-5
+GROUP_NORM_EPS = 64e-5  # BlinkDL's ln_x: 1e-5 * head_size_divisor**2, divisor 8
+MIX_NAMES = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g")
+# Tensors of BlinkDL's files that the model never uses (layer 0 has no value residual)
+UNUSED = ("blocks.0.att.v0", "blocks.0.att.v1", "blocks.0.att.v2")
+
+
+@dataclass(frozen=True)
+class RWKV7Config:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    head_size: int
+    decay_rank: int
+    iclr_rank: int  # in-context learning rate ("a") LoRA
+    value_rank: int  # value-residual LoRA (0 for a one-layer model)
+    gate_rank: int
+    ffn_size: int
+    layer_norm_eps: float = LAYER_NORM_EPS
+    group_norm_eps: float = GROUP_NORM_EPS
+
+    @property
+    def num_heads(self) -> int:
+        return self.hidden_size // self.head_size
+
+    @classmethod
+    def from_shapes(cls, shape: Callable[[str], tuple[int, ...] | None], config: dict) -> RWKV7Config:
+        """Read every size from tensor shapes (BlinkDL names); eps values from config.json if any."""
+        vocab, hidden = shape("emb.weight")
+        layers = 0
+        while shape(f"blocks.{layers}.ln1.weight") is not None:
+            layers += 1
+        heads, head_size = shape("blocks.0.att.r_k")
+        eps = config.get("norm_eps", LAYER_NORM_EPS)
+        # BlinkDL fixes ln_x's eps; flash-linear-attention uses head_size x norm_eps (equal at 64)
+        group_eps = head_size * eps if config.get("model_type") in MODEL_TYPES else GROUP_NORM_EPS
+        v1 = shape("blocks.1.att.v1")
+        return cls(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            num_layers=layers,
+            head_size=head_size,
+            decay_rank=shape("blocks.0.att.w1")[1],
+            iclr_rank=shape("blocks.0.att.a1")[1],
+            value_rank=v1[1] if v1 is not None else 0,
+            gate_rank=shape("blocks.0.att.g1")[1],
+            ffn_size=shape("blocks.0.ffn.key.weight")[0],
+            layer_norm_eps=eps,
+            group_norm_eps=group_eps,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# The name table: every tensor read, with its shape (BlinkDL names; its [1, 1, C] vectors read as [C]).
+# ---------------------------------------------------------------------------------------------
+
+
+def checkpoint_shapes(cfg: RWKV7Config) -> dict[str, tuple[int, ...]]:
+    V, C, H, N, FF = cfg.vocab_size, cfg.hidden_size, cfg.num_heads, cfg.head_size, cfg.ffn_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "emb.weight": (V, C),
+        "blocks.0.ln0.weight": (C,),
+        "blocks.0.ln0.bias": (C,),
+        "ln_out.weight": (C,),
+        "ln_out.bias": (C,),
+        "head.weight": (V, C),
+    }
+    for i in range(cfg.num_layers):
+        p, a, f = f"blocks.{i}.", f"blocks.{i}.att.", f"blocks.{i}.ffn."
+        for norm in ("ln1", "ln2"):
+            shapes[p + norm + ".weight"] = shapes[p + norm + ".bias"] = (C,)
+        shapes |= {a + name: (C,) for name in (*MIX_NAMES, "w0", "a0", "k_k", "k_a", "ln_x.weight", "ln_x.bias")}
+        shapes |= {
+            a + "w1": (C, cfg.decay_rank), a + "w2": (cfg.decay_rank, C),
+            a + "a1": (C, cfg.iclr_rank), a + "a2": (cfg.iclr_rank, C),
+            a + "g1": (C, cfg.gate_rank), a + "g2": (cfg.gate_rank, C),
+            a + "r_k": (H, N),
+            a + "receptance.weight": (C, C), a + "key.weight": (C, C),
+            a + "value.weight": (C, C), a + "output.weight": (C, C),
+            f + "x_k": (C,), f + "key.weight": (FF, C), f + "value.weight": (C, FF),
+        }
+        if i > 0:
+            shapes |= {a + "v0": (C,), a + "v1": (C, cfg.value_rank), a + "v2": (cfg.value_rank, C)}
+    return shapes
+
+
+_HF_BLOCK = {"att": "attn", "ffn": "ffn", "ln0": "pre_norm", "ln1": "attn_norm", "ln2": "ffn_norm"}
+_HF_ATT = {"receptance": "r_proj", "key": "k_proj", "value": "v_proj", "output": "o_proj", "ln_x": "g_norm"}
+_HF_LORA = {"0": "lora.2.bias", "1": "lora.0.weight", "2": "lora.2.weight"}  # w0 is the bias of lora.2
+_HF_TOP = {"emb.weight": "model.embeddings.weight", "ln_out.weight": "model.norm.weight",
+           "ln_out.bias": "model.norm.bias", "head.weight": "lm_head.weight"}
+
+
+def hf_name(name: str) -> tuple[str, bool]:
+    """flash-linear-attention's name for BlinkDL's `name`, and whether the tensor is transposed there."""
+    if name in _HF_TOP:
+        return _HF_TOP[name], False
+    _, layer, part, rest = name.split(".", 3)
+    first, _, tail = rest.partition(".")
+    transposed = False
+    if part == "att" and len(first) == 2 and first[0] in "wavg" and first[1] in "012":
+        rest, transposed = f"{first[0]}_lora.{_HF_LORA[first[1]]}", first[1] != "0"
+    elif part == "att" and first in _HF_ATT:
+        rest = _HF_ATT[first] + ("." + tail if tail else "")
+    return f"model.layers.{layer}.{_HF_BLOCK[part]}.{rest}", transposed
+
+
+Take = Callable[[str], Tensor]  # BlinkDL name -> tensor (squeezed) on the target device and dtype
+
+
+# ---------------------------------------------------------------------------------------------
+# Layers
+# ---------------------------------------------------------------------------------------------
+
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
+    """LayerNorm computed in fp32 (weight and bias are fp32), returned in x's dtype."""
+    return F.layer_norm(x.float(), (x.shape[-1],), weight, bias, eps).to(x.dtype)
+
+
+def token_shift(x: Tensor, shift: Tensor) -> Tensor:
+    """x [B, T, C] -> the previous token's x [B, T, C]; `shift` [B, C] holds the one before x[:, 0],
+    and is overwritten with x[:, -1]."""
+    prev = torch.cat((shift[:, None], x[:, :-1]), dim=1)
+    shift.copy_(x[:, -1])
+    return prev
+
+
+class TimeMix(nn.Module):
+    """The token mixer: projections and LoRA gates around one call into the wkv7 op."""
+
+    def __init__(self, cfg: RWKV7Config, take: Take, prefix: str, layer: int) -> None:
+        super().__init__()
+        self.layer, self.heads, self.head_size = layer, cfg.num_heads, cfg.head_size
+        self.group_norm_eps = cfg.group_norm_eps
+        self.register_buffer("mix", torch.stack([take(prefix + n) for n in MIX_NAMES]))  # [6, C]
+        for name in ("receptance", "key", "value", "output"):  # [C, C] each
+            self.register_buffer(name, take(prefix + name + ".weight"))
+        for name in ("w1", "w2", "a1", "a2", "g1", "g2"):
+            self.register_buffer(name, take(prefix + name))
+        self.register_buffer("w0", take(prefix + "w0").float())
+        self.register_buffer("a0", take(prefix + "a0"))
+        if layer > 0:  # value residual: later layers mix in layer 0's value
+            for name in ("v0", "v1", "v2"):
+                self.register_buffer(name, take(prefix + name))
+        self.register_buffer("k_k", take(prefix + "k_k"))
+        self.register_buffer("k_a", take(prefix + "k_a"))
+        self.register_buffer("r_k", take(prefix + "r_k").float())  # [H, N]
+        self.register_buffer("ln_x_weight", take(prefix + "ln_x.weight").float())
+        self.register_buffer("ln_x_bias", take(prefix + "ln_x.bias").float())
+
+    def forward(
+        self, x: Tensor, state: RecurrentLayerState, v_first: Tensor | None, with_stats: bool
+    ) -> tuple[Tensor, Tensor, DeltaRuleStats | None]:
+        """x [B, T, C] (after ln1) -> (output [B, T, C], v_first [B, T, C], stats)."""
+        B, T, C = x.shape
+        H, N = self.heads, self.head_size
+        prev = token_shift(x, state.shift[:, 0])
+        xr, xw, xk, xv, xa, xg = (x[:, :, None] + (prev - x)[:, :, None] * self.mix).unbind(dim=2)
+
+        r = F.linear(xr, self.receptance)
+        k = F.linear(xk, self.key)
+        v = F.linear(xv, self.value)
+        w = torch.tanh(xw @ self.w1) @ self.w2
+        iclr = torch.sigmoid(self.a0 + (xa @ self.a1) @ self.a2)  # in-context learning rate, (0, 1)
+        g = torch.sigmoid(xg @ self.g1) @ self.g2
+        if self.layer == 0:
+            v_first = v
+        else:
+            v = v + (v_first - v) * torch.sigmoid(self.v0 + (xv @ self.v1) @ self.v2)
+        log_w = -DECAY_SCALE * torch.sigmoid(self.w0 + w.float())  # [-0.607, 0]
+
+        heads = (B, T, H, N)
+        kk = F.normalize((k * self.k_k).float().view(heads), dim=-1)  # unit removal key per head
+        k = k * (1 + (iclr - 1) * self.k_a)
+        r32, k32, v32 = (t.float().view(heads) for t in (r, k, v))
+        iclr32 = iclr.float().view(heads)
+        ops = dict(r=r32, log_w=log_w.view(heads), k=k32, v=v32, a=-kk, b=kk * iclr32)
+        if T == 1:
+            step = recurrent_step_rwkv7(**{n: t[:, 0] for n, t in ops.items()}, state=state.matrix, with_stats=with_stats)
+            o, stats = step if with_stats else (step, None)
+            o = o[:, None]
+        else:
+            o, final, stats = chunk_rwkv7(**ops, initial_state=state.matrix, with_stats=with_stats)
+            state.matrix.copy_(final)
+
+        o = F.group_norm(o.reshape(B * T, C), H, self.ln_x_weight, self.ln_x_bias, self.group_norm_eps).view(heads)
+        bonus = (r32 * k32 * self.r_k).sum(-1, keepdim=True) * v32  # the current token's own value
+        o = (o + bonus).view(B, T, C).to(x.dtype)
+        return F.linear(o * g, self.output), v_first, stats
+
+
+class ChannelMix(nn.Module):
+    """Token shift, then a squared-ReLU MLP."""
+
+    def __init__(self, take: Take, prefix: str) -> None:
+        super().__init__()
+        self.register_buffer("x_k", take(prefix + "x_k"))
+        self.register_buffer("key", take(prefix + "key.weight"))
+        self.register_buffer("value", take(prefix + "value.weight"))
+
+    def forward(self, x: Tensor, state: RecurrentLayerState) -> Tensor:
+        prev = token_shift(x, state.shift[:, 1])
+        k = x + (prev - x) * self.x_k
+        return F.linear(torch.relu(F.linear(k, self.key)).square(), self.value)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: RWKV7Config, take: Take, index: int) -> None:
+        super().__init__()
+        p = f"blocks.{index}."
+        self.att = TimeMix(cfg, take, p + "att.", index)
+        self.ffn = ChannelMix(take, p + "ffn.")
+        for norm in ("ln1", "ln2"):
+            self.register_buffer(norm + "_weight", take(p + norm + ".weight").float())
+            self.register_buffer(norm + "_bias", take(p + norm + ".bias").float())
+        self.eps = cfg.layer_norm_eps
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------------------------
+
+
+class RWKV7Model(nn.Module):
+    """RWKV-7 with a recurrent `State`.
+
+    forward(input_ids [B, T], state) -> logits [B, T, vocab]      (advances state)
+    prefill(input_ids [B, T], state) -> logits [B, vocab]         (last position only)
+    decode(token_ids [B], state)     -> logits [B, vocab]         (one step)
+    Set `listener` to receive a `SpanReport` after each call (design §4).
+    """
+
+    family = FAMILY
+
+    def __init__(self, cfg: RWKV7Config, take: Take, embed: Tensor) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.register_buffer("embed", embed)  # ln0 already applied to every row
+        self.blocks = nn.ModuleList(Block(cfg, take, i) for i in range(cfg.num_layers))
+        self.register_buffer("ln_out_weight", take("ln_out.weight").float())
+        self.register_buffer("ln_out_bias", take("ln_out.bias").float())
+        self.register_buffer("head", take("head.weight"))
+        self.listener: Listener | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    def new_state(self, batch_size: int = 1) -> State:
+        cfg, dev = self.cfg, self.device
+        H, N, C = cfg.num_heads, cfg.head_size, cfg.hidden_size
+        return State(
+            layers=[
+                RecurrentLayerState(
+                    matrix=torch.zeros(batch_size, H, N, N, dtype=torch.float32, device=dev),
+                    shift=torch.zeros(batch_size, 2, C, dtype=self.dtype, device=dev),
+                )
+                for _ in range(cfg.num_layers)
+            ]
+        )
+
+    @torch.no_grad()
+    def forward(self, input_ids: Tensor, state: State) -> Tensor:
+        hidden, stats = self._blocks(input_ids, state, with_stats=True)
+        self._report(stats, state, "prefill", input_ids.shape[1])
+        return F.linear(self._final_norm(hidden), self.head)
+
+    @torch.no_grad()
+    def prefill(self, input_ids: Tensor, state: State) -> Tensor:
+        blocks = []
+        for start in range(0, input_ids.shape[1], PREFILL_BLOCK_TOKENS):
+            hidden, stats = self._blocks(input_ids[:, start : start + PREFILL_BLOCK_TOKENS], state, with_stats=True)
+            blocks.append(stats)
+        self._report(_merge_blocks(blocks), state, "prefill", input_ids.shape[1])
+        return F.linear(self._final_norm(hidden[:, -1]), self.head)
+
+    @torch.no_grad()
+    def decode(self, token_ids: Tensor, state: State) -> Tensor:
+        # decode checks the state only when someone listens (prefill always does: cheap per chunk)
+        hidden, stats = self._blocks(token_ids[:, None], state, with_stats=self.listener is not None)
+        self._report(stats, state, "decode", 1)
+        return F.linear(self._final_norm(hidden[:, -1]), self.head)
+
+    def _final_norm(self, x: Tensor) -> Tensor:
+        return layer_norm(x, self.ln_out_weight, self.ln_out_bias, self.cfg.layer_norm_eps)
+
+    def _blocks(self, input_ids: Tensor, state: State, *, with_stats: bool) -> tuple[Tensor, list]:
+        """Run every layer over input_ids [B, T]; return the last hidden states and per-layer (T, stats)."""
+        T = input_ids.shape[1]
+        x = F.embedding(input_ids, self.embed)
+        v_first = None
+        stats = []
+        for block, layer_state in zip(self.blocks, state.layers):
+            h, v_first, layer_stats = block.att(
+                layer_norm(x, block.ln1_weight, block.ln1_bias, block.eps), layer_state, v_first, with_stats
+            )
+            x = x + h
+            x = x + block.ffn(layer_norm(x, block.ln2_weight, block.ln2_bias, block.eps), layer_state)
+            stats.append((T, layer_stats))
+        state.position += T
+        return x, stats
+
+    def _report(self, stats: list, state: State, phase: str, tokens: int) -> None:
+        """Check the states for NaN/Inf and hand the span's diagnostics to the listener."""
+        if not stats or stats[0][1] is None:
+            return
+        # one host sync for the whole span: [layers, 3, B]
+        table = torch.stack([torch.stack([s.state_norm, s.gate_mean, s.delta_norm]) for _, s in stats]).tolist()
+        for i, row in enumerate(table):
+            if not all(math.isfinite(value) for value in row[0]):
+                raise NonFiniteStateError(f"layer {i}: the recurrent state holds NaN or Inf")
+        if self.listener is None:
+            return
+        for b in range(state.batch_size):
+            layers = tuple(
+                LayerReport(i, "recurrent", state_norm=row[0][b], gate_mean=row[1][b], delta_norm=row[2][b])
+                for i, row in enumerate(table)
+            )
+            self.listener(SpanReport(phase, b, tokens, layers, state.nbytes // state.batch_size))
+
+
+def _merge_blocks(blocks: list[list]) -> list:
+    """Join the stats of a prefill run in several blocks: token-weighted means, the last state norm."""
+    if len(blocks) == 1:
+        return blocks[0]
+    merged = []
+    for per_block in zip(*blocks):
+        total = sum(t for t, _ in per_block)
+        merged.append((total, DeltaRuleStats(
+            state_norm=per_block[-1][1].state_norm,
+            gate_mean=sum(s.gate_mean * t for t, s in per_block) / total,
+            delta_norm=sum(s.delta_norm * t for t, s in per_block) / total,
+        )))
+    return merged
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------
+
+EMBED_FOLD_ROWS = 8192  # ln0 is folded into the embedding this many rows at a time (bounded fp32 copy)
+
+
+def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype) -> RWKV7Model:
+    """Build the model from a checkpoint in BlinkDL's (`.pth`) or flash-linear-attention's layout.
+
+    `checkpoint` answers `name in checkpoint`, `names()`, `shape(name)` and `read(name)` and has a
+    `folder` for messages; `config` is config.json ({} for a `.pth`). Every tensor's name and shape
+    is checked, and a tensor the model does not know is an error (a variant we do not implement).
+    """
+    def blinkdl_name(name: str) -> tuple[str, bool]:  # BlinkDL's names are the canonical ones
+        return name, False
+
+    if "emb.weight" in checkpoint:
+        locate = blinkdl_name
+    elif "model.embeddings.weight" in checkpoint:
+        locate = hf_name
+    else:
+        raise SummarizeError(f"{checkpoint.folder}: no emb.weight nor model.embeddings.weight; not an RWKV-7 checkpoint")
+
+    def raw(name: str) -> Tensor | None:
+        stored, transposed = locate(name)
+        if stored not in checkpoint:
+            return None
+        tensor = checkpoint.read(stored)
+        return tensor.t() if transposed else tensor
+
+    def shape(name: str) -> tuple[int, ...] | None:  # from the file's header: no tensor is read
+        stored, transposed = locate(name)
+        if stored not in checkpoint:
+            return None
+        dims = tuple(checkpoint.shape(stored))
+        return dims[::-1] if transposed else dims
+
+    if shape("blocks.0.att.r_k") is None:
+        raise SummarizeError(f"{checkpoint.folder}: no blocks.0.att.r_k; not an RWKV-7 (x070) checkpoint")
+    cfg = RWKV7Config.from_shapes(shape, config)
+    shapes = checkpoint_shapes(cfg)
+    used: set[str] = set()
+
+    def take(name: str, *, target: torch.dtype | None = None, convert: bool = True) -> Tensor:
+        """The tensor, shape-checked, on the target device in `target` (default: the model's dtype);
+        with convert=False as stored (it may map the file: never write into it)."""
+        tensor, expected = raw(name), shapes[name]
+        if tensor is None:
+            raise SummarizeError(f"{checkpoint.folder}: checkpoint lacks tensor {locate(name)[0]}")
+        # BlinkDL stores vectors as [1, 1, C]: compare without the size-1 dims
+        if tuple(tensor.squeeze().shape) != tuple(d for d in expected if d != 1):
+            raise SummarizeError(
+                f"{checkpoint.folder}: tensor {locate(name)[0]} has shape {tuple(tensor.shape)}, expected {expected}"
+            )
+        used.add(locate(name)[0])
+        tensor = tensor.reshape(expected)
+        return tensor.to(device=device, dtype=target or dtype).contiguous() if convert else tensor
+
+    if shape("blocks.0.ln0.weight") is not None:  # flash-linear-attention may have no pre_norm
+        embed = _fold_ln0(
+            take("emb.weight", convert=False),
+            weight=take("blocks.0.ln0.weight", target=torch.float32),
+            bias=take("blocks.0.ln0.bias", target=torch.float32),
+            dtype=dtype,
+            eps=cfg.layer_norm_eps,
+        )
+    else:
+        embed = take("emb.weight")
+    model = RWKV7Model(cfg, take, embed)
+    ignored = {locate(name)[0] for name in UNUSED}
+    unknown = sorted(set(checkpoint.names()) - used - ignored)
+    if unknown:  # e.g. DeepEmbed (ffn.s_emb) or DEA (att.qq): variants this engine does not implement
+        raise SummarizeError(f"{checkpoint.folder}: tensors plain RWKV-7 does not have: {', '.join(unknown[:5])}")
+    return model
+
+
+def _fold_ln0(emb: Tensor, *, weight: Tensor, bias: Tensor, dtype: torch.dtype, eps: float) -> Tensor:
+    """The embedding [V, C] with blocks.0.ln0 applied to every row: computed in fp32 a block of rows
+    at a time, written to a new tensor on weight's device in `dtype` (`emb` itself is never written)."""
+    out = torch.empty(emb.shape, dtype=dtype, device=weight.device)
+    for start in range(0, emb.shape[0], EMBED_FOLD_ROWS):
+        rows = emb[start : start + EMBED_FOLD_ROWS].to(device=weight.device, dtype=torch.float32)
+        out[start : start + EMBED_FOLD_ROWS] = F.layer_norm(rows, (emb.shape[1],), weight, bias, eps).to(dtype)
+    return out
