@@ -286,10 +286,9 @@ class ModelSummarizer:
         results = generate_batch(
             self.s.model, None, state, tokenizer=self.s.tokenizer, stop_ids=self.s.stop_ids,
             max_new_tokens=budget, sampling=self.s.sampling, first_logits=logits,
+            stop_texts=self.s.tokenizer.stop_texts,  # RWKV: the answer ends where a new round opens
         )
         self.progress.counters["tokens_out"] += sum(len(r.token_ids) for r in results)
-        for result in results:  # RWKV: an answer ends where the model opens the next round
-            result.text = self.s.tokenizer.cut_at_stop(result.text)
         return results
 
     def _phase(self, chunk: int | None, phase: str) -> None:

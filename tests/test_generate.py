@@ -302,3 +302,12 @@ def test_cuda_overlap_matches_plain_loop():
                    SamplingParams(temperature=1.0, top_p=0.9, presence_penalty=1.0, seed=3)):
         assert (on_cuda(overlap=True, sampling=params).token_ids
                 == on_cuda(overlap=False, sampling=params).token_ids)
+
+
+def test_a_stop_text_ends_the_row_and_is_cut_off():
+    """Chat models that end an answer with text (RWKV: "\\n\\nUser:") stop there, not at the budget."""
+    script = list(b"Done.\n\nUser: and more text after the round opens")
+    result = run(ScriptModel(script), [65], max_new_tokens=50, stop_texts=("\n\nUser:",))
+    assert result.text == "Done."
+    assert result.stop_reason == "stop"
+    assert len(result.token_ids) < len(script)

@@ -187,6 +187,7 @@ def generate_batch(
     on_text: Callable[[int, str], None] | None = None,
     first_logits: Tensor | None = None,
     overlap: bool | None = None,
+    stop_texts: Collection[str] = (),
 ) -> list[Generation]:
     """Generate for a batch of B sequences that share one batched `state`.
 
@@ -194,7 +195,8 @@ def generate_batch(
     caller has already prefilled `state`; `prompts` may then be None) starts the loop. Rows that
     stop early keep being stepped with their last sampled token, and what they produce is
     ignored, so at the end `state` rows hold no meaningful continuation. `on_text(row, text)`
-    receives each row's text as it completes. `overlap` (default: on CUDA) queues the next
+    receives each row's text as it completes. A row also stops as soon as its text contains one
+    of `stop_texts` (e.g. a chat model opening the next round); its text is cut there. `overlap` (default: on CUDA) queues the next
     decode step before reading the sampled ids, which may cost one extra step at a stop.
     """
     sampling = sampling or SamplingParams()
@@ -218,7 +220,9 @@ def generate_batch(
     token_ids: list[list[int]] = [[] for _ in range(batch)]
     reasons = ["length"] * batch
     running = set(range(batch))
-    detok = [IncrementalDetokenizer(tokenizer) for _ in range(batch)] if on_text else None
+    detok = [IncrementalDetokenizer(tokenizer) for _ in range(batch)] if on_text or stop_texts else None
+    tails = [""] * batch  # the end of each row's text, long enough to hold any stop text
+    tail_chars = max((len(t) for t in stop_texts), default=0)
     if max_new_tokens <= 0:
         running.clear()
 
@@ -242,7 +246,13 @@ def generate_batch(
             token_ids[row].append(tid)
             if detok is not None:
                 piece = detok[row].push(tid)
-                if piece:
+                if piece and stop_texts:
+                    tails[row] = (tails[row] + piece)[-(tail_chars + len(piece)):]
+                    if any(stop in tails[row] for stop in stop_texts):
+                        reasons[row] = "stop"
+                        running.discard(row)
+                        continue
+                if piece and on_text:
                     on_text(row, piece)
             if last:
                 running.discard(row)
@@ -255,7 +265,9 @@ def generate_batch(
     results = []
     for row in range(batch):
         text = tokenizer.decode(token_ids[row])
-        if detok is not None:
+        for stop in stop_texts:
+            text = text.split(stop, 1)[0]
+        if on_text is not None:
             piece = detok[row].flush()
             if piece:
                 on_text(row, piece)
@@ -275,6 +287,7 @@ def generate(
     on_text: Callable[[str], None] | None = None,
     first_logits: Tensor | None = None,
     overlap: bool | None = None,
+    stop_texts: Collection[str] = (),
 ) -> Generation:
     """Generate one sequence (batch 1); see `generate_batch`.
 
@@ -291,4 +304,5 @@ def generate(
     callback = (lambda _row, text: on_text(text)) if on_text is not None else None
     return generate_batch(model, prompts, state, tokenizer=tokenizer, stop_ids=stop_ids,
                           max_new_tokens=max_new_tokens, sampling=sampling, on_text=callback,
-                          first_logits=first_logits, overlap=overlap)[0]
+                          first_logits=first_logits, overlap=overlap,
+                          stop_texts=stop_texts)[0]

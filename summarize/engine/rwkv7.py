@@ -7,8 +7,9 @@ is BlinkDL's `RWKV_x070` (the `rwkv` package); the Hugging Face layout is flash-
 
 Conventions fixed here, once, at load time:
 - Canonical tensor names are BlinkDL's (`blocks.N.att.w1`, ...). A Hugging Face checkpoint is read
-  through a name table (`HF_NAMES`); its LoRA matrices are stored transposed and are turned back.
+  through a name table (`hf_name`); its LoRA matrices are stored transposed and are turned back.
 - `blocks.0.ln0` is folded into the embedding (a LayerNorm of each row), so the model never runs it.
+- Time-mix receives ln1(x), channel-mix ln2(x); what they keep as "previous token" is that input.
 - Layer 0 has no value residual: its v0/v1/v2, present in BlinkDL's files, are dropped unread.
 - The decay bias w0 and all norm weights stay fp32; the wkv state is fp32 whatever the weight dtype.
 - Sizes (heads, head size, LoRA ranks, FFN width, layers, vocabulary) come from tensor shapes.
@@ -144,7 +145,7 @@ def hf_name(name: str) -> tuple[str, bool]:
     return f"model.layers.{layer}.{_HF_BLOCK[part]}.{rest}", transposed
 
 
-Take = Callable[[str], Tensor]  # BlinkDL name -> tensor (squeezed) on the target device and dtype
+Take = Callable[..., Tensor]  # take(BlinkDL name, target=dtype) -> tensor, shape-checked, on the device
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,16 +178,16 @@ class TimeMix(nn.Module):
             self.register_buffer(name, take(prefix + name + ".weight"))
         for name in ("w1", "w2", "a1", "a2", "g1", "g2"):
             self.register_buffer(name, take(prefix + name))
-        self.register_buffer("w0", take(prefix + "w0").float())
+        self.register_buffer("w0", take(prefix + "w0", target=torch.float32))
         self.register_buffer("a0", take(prefix + "a0"))
         if layer > 0:  # value residual: later layers mix in layer 0's value
             for name in ("v0", "v1", "v2"):
                 self.register_buffer(name, take(prefix + name))
         self.register_buffer("k_k", take(prefix + "k_k"))
         self.register_buffer("k_a", take(prefix + "k_a"))
-        self.register_buffer("r_k", take(prefix + "r_k").float())  # [H, N]
-        self.register_buffer("ln_x_weight", take(prefix + "ln_x.weight").float())
-        self.register_buffer("ln_x_bias", take(prefix + "ln_x.bias").float())
+        self.register_buffer("r_k", take(prefix + "r_k", target=torch.float32))  # [H, N]
+        self.register_buffer("ln_x_weight", take(prefix + "ln_x.weight", target=torch.float32))
+        self.register_buffer("ln_x_bias", take(prefix + "ln_x.bias", target=torch.float32))
 
     def forward(
         self, x: Tensor, state: RecurrentLayerState, v_first: Tensor | None, with_stats: bool
@@ -216,7 +217,8 @@ class TimeMix(nn.Module):
         iclr32 = iclr.float().view(heads)
         ops = dict(r=r32, log_w=log_w.view(heads), k=k32, v=v32, a=-kk, b=kk * iclr32)
         if T == 1:
-            step = recurrent_step_rwkv7(**{n: t[:, 0] for n, t in ops.items()}, state=state.matrix, with_stats=with_stats)
+            one_token = {name: t[:, 0] for name, t in ops.items()}
+            step = recurrent_step_rwkv7(**one_token, state=state.matrix, with_stats=with_stats)
             o, stats = step if with_stats else (step, None)
             o = o[:, None]
         else:
@@ -251,8 +253,8 @@ class Block(nn.Module):
         self.att = TimeMix(cfg, take, p + "att.", index)
         self.ffn = ChannelMix(take, p + "ffn.")
         for norm in ("ln1", "ln2"):
-            self.register_buffer(norm + "_weight", take(p + norm + ".weight").float())
-            self.register_buffer(norm + "_bias", take(p + norm + ".bias").float())
+            self.register_buffer(norm + "_weight", take(p + norm + ".weight", target=torch.float32))
+            self.register_buffer(norm + "_bias", take(p + norm + ".bias", target=torch.float32))
         self.eps = cfg.layer_norm_eps
 
 
@@ -277,8 +279,8 @@ class RWKV7Model(nn.Module):
         self.cfg = cfg
         self.register_buffer("embed", embed)  # ln0 already applied to every row
         self.blocks = nn.ModuleList(Block(cfg, take, i) for i in range(cfg.num_layers))
-        self.register_buffer("ln_out_weight", take("ln_out.weight").float())
-        self.register_buffer("ln_out_bias", take("ln_out.bias").float())
+        self.register_buffer("ln_out_weight", take("ln_out.weight", target=torch.float32))
+        self.register_buffer("ln_out_bias", take("ln_out.bias", target=torch.float32))
         self.register_buffer("head", take("head.weight"))
         self.listener: Listener | None = None
 
@@ -400,7 +402,7 @@ def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype)
     elif "model.embeddings.weight" in checkpoint:
         locate = hf_name
     else:
-        raise SummarizeError(f"{checkpoint.folder}: no emb.weight nor model.embeddings.weight; not an RWKV-7 checkpoint")
+        raise SummarizeError(f"{checkpoint.folder}: no emb.weight nor model.embeddings.weight; not RWKV-7")
 
     def raw(name: str) -> Tensor | None:
         stored, transposed = locate(name)

@@ -145,12 +145,6 @@ class RwkvTokenizer:
         """Ids of more user-turn text, between `chat_prefix_ids` and `chat_suffix_ids`."""
         return self.encode(_one_turn(text))
 
-    def cut_at_stop(self, text: str) -> str:
-        """`text` up to where the model opened a new chat round (the answer's end)."""
-        for stop in self.stop_texts:
-            text = text.split(stop, 1)[0]
-        return text
-
     def _system(self, system: str | None) -> list[int]:
         return [] if system is None else self.encode("System: " + _one_turn(system).strip() + "\n\n")
 

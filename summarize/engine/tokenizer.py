@@ -34,6 +34,8 @@ class Tokenizer:
     tokens that the file itself calls special. The wrapped tokenizer is configured in place.
     """
 
+    stop_texts: tuple[str, ...] = ()  # a Qwen turn ends on a stop id (<|im_end|>), not on text
+
     def __init__(self, raw: tokenizers.Tokenizer) -> None:
         added = raw.get_added_tokens_decoder()  # {id: AddedToken}
         self._skip_ids = frozenset(i for i, t in added.items() if t.special)
@@ -133,9 +135,6 @@ class Tokenizer:
         """Ids of more user-turn text, between `chat_prefix_ids` and `chat_suffix_ids`."""
         return self.encode(text)
 
-    def cut_at_stop(self, text: str) -> str:
-        """The answer in `text`: all of it, since a Qwen turn ends on a stop id (<|im_end|>)."""
-        return text
 
 
 # ---------------------------------------------------------------------------------------------

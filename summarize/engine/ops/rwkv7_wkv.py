@@ -78,7 +78,8 @@ def naive_recurrent_rwkv7(
     o = torch.empty_like(v)
     for t in range(T):
         u = torch.einsum("bhk,bhkv->bhv", a[:, t], S)
-        S = S * log_w[:, t].exp()[..., None] + b[:, t, ..., None] * u[..., None, :] + k[:, t, ..., None] * v[:, t, ..., None, :]
+        write = b[:, t, ..., None] * u[..., None, :] + k[:, t, ..., None] * v[:, t, ..., None, :]
+        S = S * log_w[:, t].exp()[..., None] + write
         o[:, t] = torch.einsum("bhk,bhkv->bhv", r[:, t], S)
     return o, S
 
