@@ -22,7 +22,6 @@ from summarize.errors import SummarizeError
 FAMILIES = (qwen3_5, rwkv7)  # each module: MODEL_TYPES and build(config, checkpoint, device=, dtype=)
 
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.pth"]
-FP32_ALWAYS = torch.float32  # tensors a family asks for in fp32 (decay parameters) stay fp32
 
 
 class ModelNotAvailable(SummarizeError):
