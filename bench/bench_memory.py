@@ -10,7 +10,6 @@ prints the model's load-only peak against its weight bytes.
 from __future__ import annotations
 
 import argparse
-import resource
 import subprocess
 import sys
 import tempfile

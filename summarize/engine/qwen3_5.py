@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from summarize.engine.diagnostics import LayerReport, Listener, NonFiniteStateError, SpanReport
+from summarize.engine.diagnostics import Listener, merge_block_stats, report_span
 from summarize.engine.ops.gated_delta_rule import (
     DeltaRuleStats,
     chunk_gated_delta_rule,
@@ -28,7 +28,10 @@ from summarize.errors import SummarizeError
 
 MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 PREFILL_BLOCK_TOKENS = 2048  # prefill runs in blocks of at most this many tokens: bounded activations
-L2NORM_EPS = 1e-6  # as the reference (and flash-linear-attention) normalise q and k
+L2NORM_EPS = 1e-6
+# Tokens per chunk of the Gated DeltaNet prefill. Measured on a 2-core Zen 4, 0.8B shape, bf16:
+# 231 tok/s at 32 against 196 at 64 (2048 tokens); smaller chunks keep the solve in cache.
+GDN_CHUNK_TOKENS = 32  # as the reference (and flash-linear-attention) normalise q and k
 
 
 @dataclass(frozen=True)
@@ -231,7 +234,8 @@ class GatedDeltaNet(nn.Module):
             o = o[:, None]
         else:
             o, final, stats = chunk_gated_delta_rule(
-                q=q, k=k, v=v, g=g, beta=beta, initial_state=state.matrix, with_stats=with_stats
+                q=q, k=k, v=v, g=g, beta=beta, initial_state=state.matrix, chunk_size=GDN_CHUNK_TOKENS,
+                with_stats=with_stats,
             )
             state.matrix.copy_(final)
         # gated RMSNorm per head (not zero-centred): x̂ · w · silu(z)
@@ -439,7 +443,7 @@ class Qwen35Model(nn.Module):
             hidden, block_reports = self._blocks(input_ids[:, start : start + PREFILL_BLOCK_TOKENS], state, "prefill")
             reports.append(block_reports)
         last = rms_norm(hidden[:, -1], self.final_norm, self.cfg.rms_norm_eps)
-        self._report(_merge_blocks(reports), state, "prefill", input_ids.shape[1])
+        self._report(merge_block_stats(reports), state, "prefill", input_ids.shape[1])
         return F.linear(last, self.lm_head)
 
     @torch.no_grad()
@@ -480,53 +484,7 @@ class Qwen35Model(nn.Module):
         return x, stats
 
     def _report(self, stats: list, state: State, phase: str, tokens: int) -> None:
-        """Check recurrent states for NaN/Inf and hand the span's diagnostics to the listener."""
-        recurrent = [(i, s) for i, s in enumerate(stats) if s is not None and s[1] is not None]
-        if not recurrent:
-            return
-        # one host sync for the whole span: [layers, 3, B]
-        table = torch.stack(
-            [torch.stack([s.state_norm, s.gate_mean, s.delta_norm]) for _, (_, s) in recurrent]
-        ).tolist()
-        for (i, _), row in zip(recurrent, table):
-            if any(v != v or v in (float("inf"), float("-inf")) for v in row[0]):
-                raise NonFiniteStateError(f"layer {i}: the recurrent state holds NaN or Inf")
-        if self.listener is None:
-            return
-        by_layer = dict(zip((i for i, _ in recurrent), table))
-        for b in range(state.batch_size):
-            layers = []
-            for i, layer_state in enumerate(state.layers):
-                if i in by_layer:
-                    norm, gate, delta = (by_layer[i][j][b] for j in range(3))
-                    layers.append(LayerReport(i, "recurrent", state_norm=norm, gate_mean=gate, delta_norm=delta))
-                else:
-                    kv_bytes = layer_state.nbytes // state.batch_size
-                    layers.append(LayerReport(i, "attention", kv_tokens=layer_state.length, kv_bytes=kv_bytes))
-            self.listener(SpanReport(phase, b, tokens, tuple(layers), state.nbytes // state.batch_size))
-
-
-def _merge_blocks(blocks: list[list]) -> list:
-    """Join the stats of a prefill run in several blocks: token-weighted means, the last state norm."""
-    if len(blocks) == 1:
-        return blocks[0]
-    merged = []
-    for per_block in zip(*blocks):
-        if per_block[0] is None or per_block[0][1] is None:
-            merged.append(per_block[0])
-            continue
-        total = sum(t for t, _ in per_block)
-        merged.append(
-            (
-                total,
-                DeltaRuleStats(
-                    state_norm=per_block[-1][1].state_norm,
-                    gate_mean=sum(s.gate_mean * t for t, s in per_block) / total,
-                    delta_norm=sum(s.delta_norm * t for t, s in per_block) / total,
-                ),
-            )
-        )
-    return merged
+        report_span(stats, state, phase, tokens, self.listener)
 
 
 # ---------------------------------------------------------------------------------------------

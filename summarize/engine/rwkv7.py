@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from summarize.engine.diagnostics import LayerReport, Listener, NonFiniteStateError, SpanReport
+from summarize.engine.diagnostics import Listener, merge_block_stats, report_span
 from summarize.engine.ops.gated_delta_rule import DeltaRuleStats
 from summarize.engine.ops.rwkv7_wkv import chunk_rwkv7, recurrent_step_rwkv7
 from summarize.engine.state import RecurrentLayerState, State
@@ -317,7 +317,7 @@ class RWKV7Model(nn.Module):
         for start in range(0, input_ids.shape[1], PREFILL_BLOCK_TOKENS):
             hidden, stats = self._blocks(input_ids[:, start : start + PREFILL_BLOCK_TOKENS], state, with_stats=True)
             blocks.append(stats)
-        self._report(_merge_blocks(blocks), state, "prefill", input_ids.shape[1])
+        self._report(merge_block_stats(blocks), state, "prefill", input_ids.shape[1])
         return F.linear(self._final_norm(hidden[:, -1]), self.head)
 
     @torch.no_grad()
@@ -347,37 +347,7 @@ class RWKV7Model(nn.Module):
         return x, stats
 
     def _report(self, stats: list, state: State, phase: str, tokens: int) -> None:
-        """Check the states for NaN/Inf and hand the span's diagnostics to the listener."""
-        if not stats or stats[0][1] is None:
-            return
-        # one host sync for the whole span: [layers, 3, B]
-        table = torch.stack([torch.stack([s.state_norm, s.gate_mean, s.delta_norm]) for _, s in stats]).tolist()
-        for i, row in enumerate(table):
-            if not all(math.isfinite(value) for value in row[0]):
-                raise NonFiniteStateError(f"layer {i}: the recurrent state holds NaN or Inf")
-        if self.listener is None:
-            return
-        for b in range(state.batch_size):
-            layers = tuple(
-                LayerReport(i, "recurrent", state_norm=row[0][b], gate_mean=row[1][b], delta_norm=row[2][b])
-                for i, row in enumerate(table)
-            )
-            self.listener(SpanReport(phase, b, tokens, layers, state.nbytes // state.batch_size))
-
-
-def _merge_blocks(blocks: list[list]) -> list:
-    """Join the stats of a prefill run in several blocks: token-weighted means, the last state norm."""
-    if len(blocks) == 1:
-        return blocks[0]
-    merged = []
-    for per_block in zip(*blocks):
-        total = sum(t for t, _ in per_block)
-        merged.append((total, DeltaRuleStats(
-            state_norm=per_block[-1][1].state_norm,
-            gate_mean=sum(s.gate_mean * t for t, s in per_block) / total,
-            delta_norm=sum(s.delta_norm * t for t, s in per_block) / total,
-        )))
-    return merged
+        report_span(stats, state, phase, tokens, self.listener)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,551 @@
+"""Speed and memory of our engine beside transformers, and beside the machine's own limits.
+
+    python bench/bench_engine.py                                  # 0.8B, bf16 and fp32, everything
+    python bench/bench_engine.py --folder /tmp/qwen3.5-0.8B-random  # build the checkpoint once, reuse it
+    python bench/bench_engine.py --dtypes bfloat16 --skip-transformers   # our engine only, quicker
+    python bench/bench_engine.py --tiny                           # self-test on a tiny random model (< 1 min)
+
+Prints one markdown table per run: prefill tok/s at each length, decode tok/s after a 512-token
+prompt, batched decode (aggregate tok/s at B=1 and B=--batch), peak RSS against weight bytes and
+the cost of diagnostics, for our engine and for transformers with their ratios; then the machine
+ceilings measured in the same run and each of our figures as a fraction of its ceiling.
+
+How long: on the 2-core reference machine the full default run (0.8B, bf16 + fp32, 512/2048/8192
+tokens, 2 repeats) takes about 20 minutes. Transformers is most of it: one prefill of 8192 tokens
+takes ~100 s in fp32 and ~60 s in bf16, so its prefills alone are ~7 minutes; building the
+random checkpoint takes about a minute (pass --folder to keep it for the next run). Run it on a
+quiet machine: figures vary by about ±10% on shared ones.
+
+Method
+- Each measurement runs in a fresh subprocess (this script with --worker), so peak RSS (the
+  child's VmHWM) belongs to one engine at one length, loading included, and nothing warms up
+  for the next. Both engines run under torch.inference_mode with --threads threads (default 2).
+- Prefill: random token ids, one short warm-up call, then --repeats timed calls on a fresh state;
+  the median is shown. Transformers runs `model(ids, use_cache=True, logits_to_keep=1)`.
+- Decode: one prompt of --decode-prompt tokens, two warm-up steps, then --repeats runs of
+  --decode-tokens greedy steps (the context grows by those few tokens from run to run).
+- Batched decode: the prompt's state stacked B times (`State.stack`, as batched summaries do).
+- Diagnostics: prefill at --diag-length with the per-chunk stats switched off (patched), with the
+  default (listener None: cheap stats, NaN check) and with a no-op listener (full SpanReports);
+  decode with listener None (no stats) and with a no-op listener. Modes are interleaved.
+- Ceilings: prefill = matmul FLOP/s (torch.mm 2048³) / FLOP per token, where FLOP per token =
+  2 × non-embedding weights (active experts only) + attention scores at that length + the head's
+  2·V·H spread over the prompt (prefill computes only the last position's logits). Decode =
+  memory read GB/s (a large tensor's sum) / bytes read per token: every weight the step touches
+  (the head included, active experts only), the recurrent state read and written, the KV cache read.
+  The recurrence's own FLOPs are left out of the prefill ceiling, as in the reference figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import torch
+
+WARMUP_TOKENS = 64  # a short first call before timing: kernels and allocator warm up
+WARMUP_STEPS = 2
+MATMUL_SIZE = 2048
+MEMORY_BYTES = 512 * 2**20  # far beyond any L3 cache
+CEILING_REPEATS = 5  # ceilings take the best run: they are upper bounds
+DIAGNOSTICS_MIN_REPEATS = 3  # differences of a few percent: a few more runs than elsewhere
+CHECKPOINT_DTYPE = torch.bfloat16  # as the released checkpoints
+DASH = "–"
+
+TINY_CONFIG = dict(
+    vocab_size=4096,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_key_heads=4,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    rms_norm_eps=1e-6,
+    rope_parameters={"rope_type": "default", "rope_theta": 10_000_000, "partial_rotary_factor": 0.25},
+    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    tie_word_embeddings=True,
+)
+TINY_DEFAULTS = dict(lengths="64,256", decode_tokens=8, decode_prompt=64, batch=4, diag_length=128)
+FULL_DEFAULTS = dict(lengths="512,2048,8192", decode_tokens=32, decode_prompt=512, batch=8, diag_length=2048)
+
+
+# ---------------------------------------------------------------------------------------------
+# Workers: one measurement each, in a fresh process, JSON on stdout
+# ---------------------------------------------------------------------------------------------
+
+
+def peak_rss() -> int:
+    """This process's peak RSS in bytes.
+
+    VmHWM rather than ru_maxrss: ru_maxrss survives exec, so a child would start from its
+    parent's peak (the conductor's ceiling measurement, a checkpoint build).
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def random_ids(vocab: int, batch: int, tokens: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, tokens), generator=torch.Generator().manual_seed(tokens))
+
+
+def model_costs(model) -> dict:
+    """What one token costs our model: weight bytes, matmul weights, bytes a decode step reads."""
+    cfg = model.cfg
+    tied = model.lm_head.data_ptr() == model.embed.data_ptr()
+    active = cfg.num_experts_per_tok / cfg.num_experts if cfg.num_experts else 1.0
+    seen, weight_bytes, matmul_params, step_bytes = set(), 0, 0.0, 0.0
+    for name, buf in model.named_buffers():
+        if buf.data_ptr() in seen or name == "inv_freq":
+            continue
+        seen.add(buf.data_ptr())
+        nbytes = buf.numel() * buf.element_size()
+        weight_bytes += nbytes
+        if name in ("embed", "lm_head"):
+            if name == "lm_head" or tied:  # the head reads all of it; an embedding lookup one row
+                step_bytes += nbytes
+            continue
+        share = active if "experts_" in name else 1.0  # routed experts: only top-k of them run
+        matmul_params += buf.numel() * share
+        step_bytes += nbytes * share
+    attention_layers = sum(kind == "full_attention" for kind in cfg.layer_types)
+    element = torch.empty((), dtype=model.dtype).element_size()
+    return dict(
+        weight_bytes=weight_bytes,
+        matmul_params=matmul_params,
+        head_params=cfg.vocab_size * cfg.hidden_size,
+        # QKᵀ and PV: 4·heads·head_dim FLOP per earlier token and layer, on average T/2 earlier tokens
+        attention_flop_per_token_per_length=2 * cfg.num_attention_heads * cfg.head_dim * attention_layers,
+        kv_bytes_per_token=2 * attention_layers * cfg.num_key_value_heads * cfg.head_dim * element,
+        recurrent_bytes=model.new_state(1).recurrent_nbytes,
+        step_weight_bytes=step_bytes,
+    )
+
+
+@contextmanager
+def stats_off():
+    """Run Gated DeltaNet layers with their per-chunk stats switched off: the no-diagnostics baseline."""
+    from summarize.engine import qwen3_5
+
+    original = qwen3_5.GatedDeltaNet.forward
+
+    def forward(self, x, state, with_stats):
+        return original(self, x, state, False)
+
+    qwen3_5.GatedDeltaNet.forward = forward
+    try:
+        yield
+    finally:
+        qwen3_5.GatedDeltaNet.forward = original
+
+
+def ours_worker(args, dtype: torch.dtype) -> dict:
+    from summarize.engine import State, load_model
+
+    baseline = peak_rss()  # torch and the engine imported, nothing loaded
+    model = load_model(args.folder, device="cpu", dtype=dtype)
+    vocab = model.cfg.vocab_size
+    out: dict = {"costs": model_costs(model), "baseline_rss": baseline}
+    if args.job == "prefill":
+        model.prefill(random_ids(vocab, 1, min(WARMUP_TOKENS, args.length)), model.new_state(1))
+        ids = random_ids(vocab, 1, args.length)
+        times = [timed(lambda: model.prefill(ids, model.new_state(1))) for _ in range(args.repeats)]
+        out["prefill_s"] = statistics.median(times)
+    elif args.job == "decode":
+        state = model.new_state(1)
+        token = model.prefill(random_ids(vocab, 1, args.decode_prompt), state).argmax(-1)
+        prompt_state = state.snapshot()
+
+        def steps(state: State, token: torch.Tensor, n: int) -> torch.Tensor:
+            for _ in range(n):
+                token = model.decode(token, state).argmax(-1)
+            return token
+
+        for batch in sorted({1, args.batch}):
+            rows = State.stack([state] * batch) if batch > 1 else state
+            first = token.expand(batch).contiguous()
+            steps(rows, first, WARMUP_STEPS)
+            times = [timed(lambda: steps(rows, first, args.decode_tokens)) for _ in range(args.repeats)]
+            out[f"decode_s_b{batch}"] = statistics.median(times)
+            state.restore(prompt_state)
+    elif args.job == "diagnostics":
+        out.update(diagnostics(model, args))
+    out["peak_rss"] = peak_rss()
+    return out
+
+
+def diagnostics(model, args) -> dict:
+    """Median prefill and decode times with diagnostics off, at their default, and fully on."""
+    vocab, noop = model.cfg.vocab_size, lambda report: None
+    runs = max(args.repeats, DIAGNOSTICS_MIN_REPEATS)
+    ids = random_ids(vocab, 1, args.diag_length)
+    modes = {"off": (None, stats_off), "default": (None, nullcontext), "listener": (noop, nullcontext)}
+    try:  # the patch follows the engine's internals; without it, still compare the other two
+        with stats_off():
+            model.prefill(ids[:, :WARMUP_TOKENS], model.new_state(1))
+    except Exception as exc:
+        log(f"stats could not be switched off ({exc!r}); comparing listener and default only")
+        del modes["off"]
+    model.prefill(ids[:, :WARMUP_TOKENS], model.new_state(1))
+    prefill: dict[str, list[float]] = {mode: [] for mode in modes}
+    for _ in range(runs):  # interleaved, so that a slow spell of the machine hits every mode
+        for mode, (listener, context) in modes.items():
+            model.listener = listener
+            with context():
+                prefill[mode].append(timed(lambda: model.prefill(ids, model.new_state(1))))
+    state = model.new_state(1)
+    token = model.prefill(random_ids(vocab, 1, args.decode_prompt), state).argmax(-1)
+
+    def steps() -> None:
+        t = token
+        for _ in range(args.decode_tokens):
+            t = model.decode(t, state).argmax(-1)
+
+    decode: dict[str, list[float]] = {"default": [], "listener": []}
+    for _ in range(runs):
+        for mode, listener in (("default", None), ("listener", noop)):
+            model.listener = listener
+            decode[mode].append(timed(steps))
+    model.listener = None
+    out = {f"prefill_{mode}": statistics.median(times) for mode, times in prefill.items()}
+    return out | {f"decode_{mode}": statistics.median(times) for mode, times in decode.items()}
+
+
+def transformers_worker(args, dtype: torch.dtype) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(args.folder, dtype=dtype).eval()
+    vocab = model.config.get_text_config().vocab_size
+    out: dict = {}
+    if args.job == "prefill":
+        model(random_ids(vocab, 1, min(WARMUP_TOKENS, args.length)), use_cache=True, logits_to_keep=1)
+        ids = random_ids(vocab, 1, args.length)
+        times = [timed(lambda: model(ids, use_cache=True, logits_to_keep=1)) for _ in range(args.repeats)]
+        out["prefill_s"] = statistics.median(times)
+    elif args.job == "decode":
+        first = model(random_ids(vocab, 1, args.decode_prompt), use_cache=True, logits_to_keep=1)
+        cache, token = first.past_key_values, first.logits[:, -1].argmax(-1)
+
+        def steps(n: int) -> None:
+            nonlocal token
+            for _ in range(n):
+                step = model(token[:, None], past_key_values=cache, use_cache=True, logits_to_keep=1)
+                token = step.logits[:, -1].argmax(-1)
+
+        steps(WARMUP_STEPS)
+        out["decode_s_b1"] = statistics.median(timed(lambda: steps(args.decode_tokens)) for _ in range(args.repeats))
+    out["peak_rss"] = peak_rss()
+    return out
+
+
+def worker_main(args) -> None:
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    with torch.inference_mode():
+        out = (ours_worker if args.worker == "ours" else transformers_worker)(args, dtype)
+    print(json.dumps(out))
+
+
+# ---------------------------------------------------------------------------------------------
+# The conductor: checkpoint, ceilings, one subprocess per measurement, the table
+# ---------------------------------------------------------------------------------------------
+
+
+def build_tiny(folder: Path) -> Path:
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    torch.manual_seed(0)
+    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**TINY_CONFIG)).to(CHECKPOINT_DTYPE)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.uniform_(-1.0, 1.5)
+            else:
+                p.normal_(0.0, 0.1 if "norm" in name or name.endswith("dt_bias") else 0.02)
+    model.save_pretrained(folder)
+    return folder
+
+
+def checkpoint(args, scratch: Path) -> Path:
+    folder = Path(args.folder) if args.folder else scratch / "checkpoint"
+    if (folder / "config.json").is_file():
+        log(f"reusing the checkpoint in {folder}")
+        return folder
+    log(f"building a random-weight {'tiny' if args.tiny else args.shape} checkpoint in {folder}")
+    folder.mkdir(parents=True, exist_ok=True)
+    if args.tiny:
+        return build_tiny(folder)
+    from random_checkpoint import build
+
+    return build(args.shape, folder, CHECKPOINT_DTYPE)
+
+
+def best_time(fn) -> float:
+    fn()  # the first call picks kernels and touches memory
+    return min(timed(fn) for _ in range(CEILING_REPEATS))
+
+
+def ceilings() -> dict:
+    out = {}
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        a, b = torch.randn(MATMUL_SIZE, MATMUL_SIZE).to(dtype), torch.randn(MATMUL_SIZE, MATMUL_SIZE).to(dtype)
+        out[f"matmul_{name}"] = 2 * MATMUL_SIZE**3 / best_time(lambda: torch.mm(a, b)) / 1e9
+    x = torch.ones(MEMORY_BYTES // 4)
+    y = torch.empty_like(x)
+    out["read"] = MEMORY_BYTES / best_time(lambda: x.sum()) / 1e9
+    out["copy"] = 2 * MEMORY_BYTES / best_time(lambda: y.copy_(x)) / 1e9
+    return out
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        model = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name"))
+        flags = next(line for line in info.splitlines() if line.startswith("flags")).split()
+        model += ", " + ("AVX-512 bf16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags else "no AVX-512")
+    except (OSError, StopIteration):
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    cores = len(os.sched_getaffinity(0))
+    return (f"{model}; {cores} cores available ({os.cpu_count()} logical); {memory:.0f} GiB; "
+            f"Python {platform.python_version()}, torch {torch.__version__}")
+
+
+def run_worker(args, engine: str, job: str, dtype: str, **extra) -> dict | None:
+    """One measurement in a fresh process; None (shown as –) when it fails, e.g. out of memory."""
+    command = [sys.executable, __file__, "--worker", engine, "--job", job, "--dtype", dtype,
+               "--folder", str(args.folder), "--threads", str(args.threads), "--repeats", str(args.repeats),
+               "--decode-tokens", str(args.decode_tokens), "--decode-prompt", str(args.decode_prompt),
+               "--batch", str(args.batch), "--diag-length", str(args.diag_length)]
+    for key, value in extra.items():
+        command += [f"--{key}", str(value)]
+    what = f"{engine} {job} {dtype}" + "".join(f" {v}" for v in extra.values())
+    log(f"{what} ...")
+    start = time.perf_counter()
+    env = os.environ | {"OMP_NUM_THREADS": str(args.threads)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        tail = "\n    ".join(done.stderr.strip().splitlines()[-5:])
+        log(f"{what} failed (exit {done.returncode}), shown as {DASH}:\n    {tail}")
+        return None
+    log(f"{what} done in {time.perf_counter() - start:.0f} s")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def measure(args, dtype: str, lengths: list[int]) -> dict:
+    engines = ["ours"] + ([] if args.skip_transformers else ["transformers"])
+    m: dict = {"prefill": {}}
+    for engine in engines:
+        for length in lengths:
+            m["prefill"][engine, length] = run_worker(args, engine, "prefill", dtype, length=length)
+        m["decode", engine] = run_worker(args, engine, "decode", dtype)
+    m["diagnostics"] = run_worker(args, "ours", "diagnostics", dtype)
+    return m
+
+
+# ---------------------------------------------------------------------------------------------
+# The table
+# ---------------------------------------------------------------------------------------------
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    return DASH if value is None else f"{value:,.{digits}f}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return DASH if a is None or b is None or b == 0 else f"{a / b:.2f}×"
+
+
+def share(a: float | None, b: float | None) -> str:
+    return DASH if a is None or b is None or b == 0 else f"{100 * a / b:.0f}%"
+
+
+def overhead(on: float | None, off: float | None) -> str:
+    return DASH if on is None or off is None else f"{100 * (on / off - 1):+.1f}%"
+
+
+def get(result: dict | None, key: str) -> float | None:
+    return None if result is None else result.get(key)
+
+
+def prefill_flop(costs: dict, length: int) -> float:
+    """FLOP per prompt token: weight matmuls, attention scores over the prompt, one head product per prompt."""
+    return (2 * costs["matmul_params"] + costs["attention_flop_per_token_per_length"] * length
+            + 2 * costs["head_params"] / length)
+
+
+def decode_bytes(costs: dict, context: int) -> float:
+    """Bytes one decode step reads: the weights it uses, the recurrent state (read and written), the KV cache."""
+    return costs["step_weight_bytes"] + 2 * costs["recurrent_bytes"] + costs["kv_bytes_per_token"] * context
+
+
+def rows_for(args, dtype: str, m: dict, limits: dict, costs: dict | None, lengths: list[int]) -> list[list[str]]:
+    short = {"bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)
+    gflops, rows = limits.get(f"matmul_{dtype}"), []
+
+    def tok_s(engine: str, length: int) -> float | None:
+        seconds = get(m["prefill"].get((engine, length)), "prefill_s")
+        return None if seconds is None else length / seconds
+
+    for length in lengths:
+        ceiling = None
+        if costs and gflops:
+            ceiling = gflops * 1e9 / prefill_flop(costs, length)
+        ours, ref = tok_s("ours", length), tok_s("transformers", length)
+        rows.append([short, f"prefill {length} tok/s", fmt(ours), fmt(ref), ratio(ours, ref), fmt(ceiling), share(ours, ceiling)])
+    if len(lengths) > 1:
+        first, last = lengths[0], lengths[-1]
+        slow = [None if tok_s(e, first) is None or tok_s(e, last) is None else 1 - tok_s(e, last) / tok_s(e, first)
+                for e in ("ours", "transformers")]
+        rows.append([short, f"prefill slowdown {first} → {last}",
+                     *(DASH if s is None else f"{100 * s:.0f}%" for s in slow), "", "", ""])
+
+    decode_ceiling = limits["read"] * 1e9 / decode_bytes(costs, args.decode_prompt) if costs else None
+    per_s = {e: (None if get(m["decode", e], "decode_s_b1") is None else args.decode_tokens / m["decode", e]["decode_s_b1"])
+             for e in ("ours", "transformers")}
+    rows.append([short, f"decode tok/s (after {args.decode_prompt})", fmt(per_s["ours"], 2), fmt(per_s["transformers"], 2),
+                 ratio(per_s["ours"], per_s["transformers"]), fmt(decode_ceiling, 2), share(per_s["ours"], decode_ceiling)])
+    batched_s = get(m["decode", "ours"], f"decode_s_b{args.batch}")
+    batched = None if batched_s is None else args.batch * args.decode_tokens / batched_s
+    rows.append([short, "batched decode B=1, aggregate tok/s", fmt(per_s["ours"], 2), DASH, "", "", ""])
+    rows.append([short, f"batched decode B={args.batch}, aggregate tok/s (ratio: vs B=1)", fmt(batched, 2), DASH,
+                 ratio(batched, per_s["ours"]), "", ""])
+
+    weights = costs["weight_bytes"] if costs else None
+    for length in lengths:
+        cells = []
+        for engine in ("ours", "transformers"):
+            rss = get(m["prefill"].get((engine, length)), "peak_rss")
+            cells.append(DASH if rss is None else f"{rss / 1e9:.2f} GB ({ratio(rss, weights)})")
+        ours_rss, ref_rss = (get(m["prefill"].get((e, length)), "peak_rss") for e in ("ours", "transformers"))
+        rows.append([short, f"peak RSS, prefill {length} (× weight bytes)", *cells, ratio(ours_rss, ref_rss), "", ""])
+
+    d, cost = m["diagnostics"], f"diagnostics cost, prefill {args.diag_length}"
+    rows.append([short, f"{cost}: listener vs none", overhead(get(d, "prefill_listener"), get(d, "prefill_default")),
+                 "", "", "", ""])
+    rows.append([short, f"{cost}: none (cheap stats) vs stats off",
+                 overhead(get(d, "prefill_default"), get(d, "prefill_off")), "", "", "", ""])
+    rows.append([short, "diagnostics cost, decode: listener vs none",
+                 overhead(get(d, "decode_listener"), get(d, "decode_default")), "", "", "", ""])
+    return rows
+
+
+def report(args, lengths: list[int], limits: dict, results: dict) -> None:
+    header = ["dtype", "figure", "ours", "transformers", "ours / transformers", "ceiling", "ours / ceiling"]
+    rows, notes = [], []
+    for dtype, m in results.items():
+        ours = [r for r in (*(m["prefill"].get(("ours", n)) for n in lengths), m["decode", "ours"], m["diagnostics"]) if r]
+        costs = ours[0]["costs"] if ours else None
+        rows += rows_for(args, dtype, m, limits, costs, lengths)
+        if costs:
+            notes.append(
+                f"Model, {dtype}: weights {costs['weight_bytes'] / 1e9:.3f} GB; prefill "
+                f"{2 * costs['matmul_params'] / 1e9:.3f} GFLOP/token + attention "
+                f"{costs['attention_flop_per_token_per_length'] * 1024 / 1e9:.4f} GFLOP/token per 1K prompt tokens; "
+                f"decode reads {decode_bytes(costs, args.decode_prompt) / 1e9:.3f} GB/token; state "
+                f"{costs['recurrent_bytes'] / 2**20:.1f} MiB recurrent + {costs['kv_bytes_per_token'] / 1024:.1f} KiB "
+                f"KV per token; our process before loading (torch imported) {ours[0]['baseline_rss'] / 1e9:.2f} GB."
+            )
+    shape = "tiny" if args.tiny else args.shape
+    print(f"### Qwen3.5 {shape}, random weights, {args.threads} threads, median of {args.repeats}\n")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    print()
+    print(f"Machine: {machine()}; transformers {transformers_version()}.")
+    print(f"Ceilings measured in this run: matmul {limits['matmul_float32']:.0f} GFLOP/s fp32, "
+          f"{limits['matmul_bfloat16']:.0f} bf16 (torch.mm {MATMUL_SIZE}³); memory read {limits['read']:.1f} GB/s, "
+          f"copy {limits['copy']:.1f} GB/s.")
+    for note in notes:
+        print(note)
+
+
+def transformers_version() -> str:
+    try:
+        import transformers
+
+        return transformers.__version__
+    except ImportError:
+        return "not installed"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="0.8B", choices=["0.8B", "2B", "35B-A3B"], help="real Qwen3.5 shape (default 0.8B)")
+    p.add_argument("--tiny", action="store_true", help="a tiny random model and short lengths: a quick self-test")
+    p.add_argument("--folder", help="checkpoint folder: reused if it holds config.json, else built there and kept")
+    p.add_argument("--dtypes", default="bfloat16,float32")
+    p.add_argument("--lengths", help=f"prefill lengths (default {FULL_DEFAULTS['lengths']})")
+    p.add_argument("--decode-tokens", type=int, help=f"timed decode steps per run (default {FULL_DEFAULTS['decode_tokens']})")
+    p.add_argument("--decode-prompt", type=int, help=f"prompt before decode (default {FULL_DEFAULTS['decode_prompt']})")
+    p.add_argument("--batch", type=int, help=f"batched decode rows (default {FULL_DEFAULTS['batch']})")
+    p.add_argument("--diag-length", type=int, help=f"prefill length for the diagnostics cost (default {FULL_DEFAULTS['diag_length']})")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--skip-transformers", action="store_true")
+    # internal: one measurement in a subprocess
+    p.add_argument("--worker", choices=["ours", "transformers"], help=argparse.SUPPRESS)
+    p.add_argument("--job", choices=["prefill", "decode", "diagnostics"], help=argparse.SUPPRESS)
+    p.add_argument("--dtype", help=argparse.SUPPRESS)
+    p.add_argument("--length", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    for key, value in (TINY_DEFAULTS if args.tiny else FULL_DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.worker:
+        return worker_main(args)
+    torch.set_num_threads(args.threads)
+    lengths = [int(n) for n in args.lengths.split(",")]
+    dtypes = args.dtypes.split(",")
+    start = time.perf_counter()
+    scratch = Path(tempfile.mkdtemp(prefix="bench-engine-"))
+    try:
+        args.folder = checkpoint(args, scratch)
+        log("measuring the machine's ceilings ...")
+        limits = ceilings()
+        results = {dtype: measure(args, dtype, lengths) for dtype in dtypes}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    report(args, lengths, limits, results)
+    log(f"total {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
