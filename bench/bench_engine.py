@@ -1,39 +1,41 @@
 """Speed and memory of our engine beside transformers, and beside the machine's own limits.
 
-    python bench/bench_engine.py                                  # 0.8B, bf16 and fp32, everything
-    python bench/bench_engine.py --folder /tmp/qwen3.5-0.8B-random  # build the checkpoint once, reuse it
-    python bench/bench_engine.py --dtypes bfloat16 --skip-transformers   # our engine only, quicker
-    python bench/bench_engine.py --tiny                           # self-test on a tiny random model (< 1 min)
+    python bench/bench_engine.py --folder /tmp/qwen3.5-0.8B-random   # the full run: 0.8B, bf16 + fp32
+    python bench/bench_engine.py --dtypes bfloat16 --skip-transformers   # our engine only, bf16
+    python bench/bench_engine.py --tiny                                 # self-test on a tiny model, < 1 min
 
-Prints one markdown table per run: prefill tok/s at each length, decode tok/s after a 512-token
-prompt, batched decode (aggregate tok/s at B=1 and B=--batch), peak RSS against weight bytes and
-the cost of diagnostics, for our engine and for transformers with their ratios; then the machine
-ceilings measured in the same run and each of our figures as a fraction of its ceiling.
+Prints one markdown table: prefill tok/s at each length, decode tok/s after a 512-token prompt,
+batched decode (aggregate tok/s at B=1 and B=--batch), peak RSS against weight bytes and the cost
+of diagnostics, for our engine and for transformers, with their ratios; the ceilings of this
+machine measured in the same run, and each of our speeds as a fraction of its ceiling. Progress
+goes to stderr, the table to stdout. A measurement that fails (out of memory, say) shows as –.
 
-How long: on the 2-core reference machine the full default run (0.8B, bf16 + fp32, 512/2048/8192
-tokens, 2 repeats) takes about 20 minutes. Transformers is most of it: one prefill of 8192 tokens
-takes ~100 s in fp32 and ~60 s in bf16, so its prefills alone are ~7 minutes; building the
-random checkpoint takes about a minute (pass --folder to keep it for the next run). Run it on a
-quiet machine: figures vary by about ±10% on shared ones.
+How long, on the 2-core reference machine (Zen 4), for the full default run (0.8B; bf16 and fp32;
+512, 2048 and 8192 tokens; 2 repeats): about 20 minutes. Transformers takes ~8 of them: one of its
+8192-token prefills takes ~100 s in fp32 and ~60 s in bf16. Our engine takes up to as long again,
+the diagnostics comparison (3 modes × 3 runs of 2048 tokens per dtype) ~1-2 minutes of that.
+Building the random checkpoint takes about a minute; with --folder it is kept and reused.
+Run it on a quiet machine: shared ones vary by about ±10% from run to run.
 
 Method
-- Each measurement runs in a fresh subprocess (this script with --worker), so peak RSS (the
-  child's VmHWM) belongs to one engine at one length, loading included, and nothing warms up
-  for the next. Both engines run under torch.inference_mode with --threads threads (default 2).
-- Prefill: random token ids, one short warm-up call, then --repeats timed calls on a fresh state;
-  the median is shown. Transformers runs `model(ids, use_cache=True, logits_to_keep=1)`.
+- Each measurement runs in a fresh subprocess (this script with --worker), so a peak RSS (the
+  child's VmHWM) belongs to one engine at one length, loading included. Both engines run under
+  torch.inference_mode with --threads threads (default 2), on random token ids.
+- Prefill: one short warm-up call, then --repeats timed calls on a fresh state; the median.
+  Transformers runs `model(ids, use_cache=True, logits_to_keep=1)`.
 - Decode: one prompt of --decode-prompt tokens, two warm-up steps, then --repeats runs of
   --decode-tokens greedy steps (the context grows by those few tokens from run to run).
 - Batched decode: the prompt's state stacked B times (`State.stack`, as batched summaries do).
-- Diagnostics: prefill at --diag-length with the per-chunk stats switched off (patched), with the
-  default (listener None: cheap stats, NaN check) and with a no-op listener (full SpanReports);
-  decode with listener None (no stats) and with a no-op listener. Modes are interleaved.
-- Ceilings: prefill = matmul FLOP/s (torch.mm 2048³) / FLOP per token, where FLOP per token =
-  2 × non-embedding weights (active experts only) + attention scores at that length + the head's
-  2·V·H spread over the prompt (prefill computes only the last position's logits). Decode =
-  memory read GB/s (a large tensor's sum) / bytes read per token: every weight the step touches
-  (the head included, active experts only), the recurrent state read and written, the KV cache read.
-  The recurrence's own FLOPs are left out of the prefill ceiling, as in the reference figures.
+- Diagnostics: prefill of --diag-length tokens with the per-chunk stats switched off (patched),
+  with listener None (the default: cheap stats and a NaN check) and with a no-op listener (full
+  SpanReports); decode with listener None (no stats) and with a no-op listener. Interleaved.
+- Prefill ceiling = matmul FLOP/s (torch.mm 2048³) / FLOP per token, FLOP per token = 2 ×
+  non-embedding weights (active experts only) + attention scores at that length + the head's
+  2·V·H once per prompt (prefill computes only the last position's logits). The recurrence's own
+  FLOPs are left out, as in the reference figures.
+- Decode ceiling = memory GB/s (the best of a few reductions over 512 MiB, or a copy's rate if it
+  moves more) / bytes a step reads: every weight it uses (the head included, active experts only),
+  the recurrent state read and written, the KV cache.
 """
 
 from __future__ import annotations
@@ -318,7 +320,9 @@ def ceilings() -> dict:
         out[f"matmul_{name}"] = 2 * MATMUL_SIZE**3 / best_time(lambda: torch.mm(a, b)) / 1e9
     x = torch.ones(MEMORY_BYTES // 4)
     y = torch.empty_like(x)
-    out["read"] = MEMORY_BYTES / best_time(lambda: x.sum()) / 1e9
+    # the best of a few reductions: on these machines a bf16 sum streams a little faster than fp32
+    readers = (lambda: x.sum(), lambda: x.amax(), lambda: x.view(torch.bfloat16).sum())
+    out["read"] = max(MEMORY_BYTES / best_time(read) / 1e9 for read in readers)
     out["copy"] = 2 * MEMORY_BYTES / best_time(lambda: y.copy_(x)) / 1e9
     return out
 
@@ -329,7 +333,8 @@ def machine() -> str:
         info = Path("/proc/cpuinfo").read_text()
         model = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name"))
         flags = next(line for line in info.splitlines() if line.startswith("flags")).split()
-        model += ", " + ("AVX-512 bf16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags else "no AVX-512")
+        simd = "AVX-512 bf16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags else "no AVX-512"
+        model += ", " + simd
     except (OSError, StopIteration):
         pass
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -340,12 +345,11 @@ def machine() -> str:
 
 def run_worker(args, engine: str, job: str, dtype: str, **extra) -> dict | None:
     """One measurement in a fresh process; None (shown as –) when it fails, e.g. out of memory."""
-    command = [sys.executable, __file__, "--worker", engine, "--job", job, "--dtype", dtype,
-               "--folder", str(args.folder), "--threads", str(args.threads), "--repeats", str(args.repeats),
-               "--decode-tokens", str(args.decode_tokens), "--decode-prompt", str(args.decode_prompt),
-               "--batch", str(args.batch), "--diag-length", str(args.diag_length)]
-    for key, value in extra.items():
-        command += [f"--{key}", str(value)]
+    settings = dict(folder=args.folder, threads=args.threads, repeats=args.repeats, decode_tokens=args.decode_tokens,
+                    decode_prompt=args.decode_prompt, batch=args.batch, diag_length=args.diag_length) | extra
+    command = [sys.executable, __file__, "--worker", engine, "--job", job, "--dtype", dtype]
+    for key, value in settings.items():
+        command += [f"--{key.replace('_', '-')}", str(value)]
     what = f"{engine} {job} {dtype}" + "".join(f" {v}" for v in extra.values())
     log(f"{what} ...")
     start = time.perf_counter()
@@ -356,7 +360,11 @@ def run_worker(args, engine: str, job: str, dtype: str, **extra) -> dict | None:
         log(f"{what} failed (exit {done.returncode}), shown as {DASH}:\n    {tail}")
         return None
     log(f"{what} done in {time.perf_counter() - start:.0f} s")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        log(f"{what} printed no result, shown as {DASH}")
+        return None
 
 
 def log(message: str) -> None:
@@ -395,6 +403,10 @@ def overhead(on: float | None, off: float | None) -> str:
     return DASH if on is None or off is None else f"{100 * (on / off - 1):+.1f}%"
 
 
+def slowdown(short: float | None, long: float | None) -> str:
+    return DASH if short is None or long is None else f"{100 * (1 - long / short):.0f}%"
+
+
 def get(result: dict | None, key: str) -> float | None:
     return None if result is None else result.get(key)
 
@@ -405,59 +417,60 @@ def prefill_flop(costs: dict, length: int) -> float:
             + 2 * costs["head_params"] / length)
 
 
+def memory_gbps(limits: dict) -> float:
+    """Streaming rate for the decode ceiling: a machine that copies at X GB/s can also read at X."""
+    return max(limits["read"], limits["copy"])
+
+
 def decode_bytes(costs: dict, context: int) -> float:
     """Bytes one decode step reads: the weights it uses, the recurrent state (read and written), the KV cache."""
     return costs["step_weight_bytes"] + 2 * costs["recurrent_bytes"] + costs["kv_bytes_per_token"] * context
 
 
 def rows_for(args, dtype: str, m: dict, limits: dict, costs: dict | None, lengths: list[int]) -> list[list[str]]:
+    """The table's rows for one dtype: [dtype, figure, ours, transformers, ratio, ceiling, ours / ceiling]."""
     short = {"bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)
-    gflops, rows = limits.get(f"matmul_{dtype}"), []
+    rows: list[list[str]] = []
 
-    def tok_s(engine: str, length: int) -> float | None:
+    def row(figure: str, ours: str, ref: str = "", ratio_: str = "", ceiling: str = "", fraction: str = "") -> None:
+        rows.append([short, figure, ours, ref, ratio_, ceiling, fraction])
+
+    def prefill(engine: str, length: int) -> float | None:
         seconds = get(m["prefill"].get((engine, length)), "prefill_s")
         return None if seconds is None else length / seconds
 
+    def decode(engine: str, batch: int) -> float | None:
+        seconds = get(m["decode", engine], f"decode_s_b{batch}")
+        return None if seconds is None else batch * args.decode_tokens / seconds
+
+    gflops = limits.get(f"matmul_{dtype}")
     for length in lengths:
-        ceiling = None
-        if costs and gflops:
-            ceiling = gflops * 1e9 / prefill_flop(costs, length)
-        ours, ref = tok_s("ours", length), tok_s("transformers", length)
-        rows.append([short, f"prefill {length} tok/s", fmt(ours), fmt(ref), ratio(ours, ref), fmt(ceiling), share(ours, ceiling)])
+        ours, ref = prefill("ours", length), prefill("transformers", length)
+        ceiling = gflops * 1e9 / prefill_flop(costs, length) if costs and gflops else None
+        row(f"prefill {length} tok/s", fmt(ours), fmt(ref), ratio(ours, ref), fmt(ceiling), share(ours, ceiling))
     if len(lengths) > 1:
         first, last = lengths[0], lengths[-1]
-        slow = [None if tok_s(e, first) is None or tok_s(e, last) is None else 1 - tok_s(e, last) / tok_s(e, first)
-                for e in ("ours", "transformers")]
-        rows.append([short, f"prefill slowdown {first} → {last}",
-                     *(DASH if s is None else f"{100 * s:.0f}%" for s in slow), "", "", ""])
+        row(f"prefill slowdown {first} → {last}",
+            *(slowdown(prefill(e, first), prefill(e, last)) for e in ("ours", "transformers")))
 
-    decode_ceiling = limits["read"] * 1e9 / decode_bytes(costs, args.decode_prompt) if costs else None
-    per_s = {e: (None if get(m["decode", e], "decode_s_b1") is None else args.decode_tokens / m["decode", e]["decode_s_b1"])
-             for e in ("ours", "transformers")}
-    rows.append([short, f"decode tok/s (after {args.decode_prompt})", fmt(per_s["ours"], 2), fmt(per_s["transformers"], 2),
-                 ratio(per_s["ours"], per_s["transformers"]), fmt(decode_ceiling, 2), share(per_s["ours"], decode_ceiling)])
-    batched_s = get(m["decode", "ours"], f"decode_s_b{args.batch}")
-    batched = None if batched_s is None else args.batch * args.decode_tokens / batched_s
-    rows.append([short, "batched decode B=1, aggregate tok/s", fmt(per_s["ours"], 2), DASH, "", "", ""])
-    rows.append([short, f"batched decode B={args.batch}, aggregate tok/s (ratio: vs B=1)", fmt(batched, 2), DASH,
-                 ratio(batched, per_s["ours"]), "", ""])
+    ours, ref = decode("ours", 1), decode("transformers", 1)
+    ceiling = memory_gbps(limits) * 1e9 / decode_bytes(costs, args.decode_prompt) if costs else None
+    row(f"decode tok/s (after {args.decode_prompt})", fmt(ours, 2), fmt(ref, 2), ratio(ours, ref), fmt(ceiling, 2),
+        share(ours, ceiling))
+    batched = decode("ours", args.batch)
+    row("batched decode B=1, aggregate tok/s", fmt(ours, 2), DASH)
+    row(f"batched decode B={args.batch}, aggregate tok/s (ratio: vs B=1)", fmt(batched, 2), DASH, ratio(batched, ours))
 
     weights = costs["weight_bytes"] if costs else None
     for length in lengths:
-        cells = []
-        for engine in ("ours", "transformers"):
-            rss = get(m["prefill"].get((engine, length)), "peak_rss")
-            cells.append(DASH if rss is None else f"{rss / 1e9:.2f} GB ({ratio(rss, weights)})")
-        ours_rss, ref_rss = (get(m["prefill"].get((e, length)), "peak_rss") for e in ("ours", "transformers"))
-        rows.append([short, f"peak RSS, prefill {length} (× weight bytes)", *cells, ratio(ours_rss, ref_rss), "", ""])
+        ours, ref = (get(m["prefill"].get((e, length)), "peak_rss") for e in ("ours", "transformers"))
+        cells = (DASH if rss is None else f"{rss / 1e9:.2f} GB ({ratio(rss, weights)})" for rss in (ours, ref))
+        row(f"peak RSS, prefill {length} (× weight bytes)", *cells, ratio(ours, ref))
 
     d, cost = m["diagnostics"], f"diagnostics cost, prefill {args.diag_length}"
-    rows.append([short, f"{cost}: listener vs none", overhead(get(d, "prefill_listener"), get(d, "prefill_default")),
-                 "", "", "", ""])
-    rows.append([short, f"{cost}: none (cheap stats) vs stats off",
-                 overhead(get(d, "prefill_default"), get(d, "prefill_off")), "", "", "", ""])
-    rows.append([short, "diagnostics cost, decode: listener vs none",
-                 overhead(get(d, "decode_listener"), get(d, "decode_default")), "", "", "", ""])
+    row(f"{cost}: listener vs none", overhead(get(d, "prefill_listener"), get(d, "prefill_default")))
+    row(f"{cost}: none (cheap stats) vs stats off", overhead(get(d, "prefill_default"), get(d, "prefill_off")))
+    row("diagnostics cost, decode: listener vs none", overhead(get(d, "decode_listener"), get(d, "decode_default")))
     return rows
 
 
@@ -465,7 +478,8 @@ def report(args, lengths: list[int], limits: dict, results: dict) -> None:
     header = ["dtype", "figure", "ours", "transformers", "ours / transformers", "ceiling", "ours / ceiling"]
     rows, notes = [], []
     for dtype, m in results.items():
-        ours = [r for r in (*(m["prefill"].get(("ours", n)) for n in lengths), m["decode", "ours"], m["diagnostics"]) if r]
+        runs = [*(m["prefill"].get(("ours", n)) for n in lengths), m["decode", "ours"], m["diagnostics"]]
+        ours = [r for r in runs if r]
         costs = ours[0]["costs"] if ours else None
         rows += rows_for(args, dtype, m, limits, costs, lengths)
         if costs:
@@ -487,7 +501,7 @@ def report(args, lengths: list[int], limits: dict, results: dict) -> None:
     print(f"Machine: {machine()}; transformers {transformers_version()}.")
     print(f"Ceilings measured in this run: matmul {limits['matmul_float32']:.0f} GFLOP/s fp32, "
           f"{limits['matmul_bfloat16']:.0f} bf16 (torch.mm {MATMUL_SIZE}³); memory read {limits['read']:.1f} GB/s, "
-          f"copy {limits['copy']:.1f} GB/s.")
+          f"copy {limits['copy']:.1f} GB/s (read + written); the decode ceiling uses {memory_gbps(limits):.1f}.")
     for note in notes:
         print(note)
 
@@ -502,16 +516,16 @@ def transformers_version() -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", default="0.8B", choices=["0.8B", "2B", "35B-A3B"], help="real Qwen3.5 shape (default 0.8B)")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="0.8B", choices=["0.8B", "2B", "35B-A3B"], help="a real Qwen3.5 shape")
     p.add_argument("--tiny", action="store_true", help="a tiny random model and short lengths: a quick self-test")
     p.add_argument("--folder", help="checkpoint folder: reused if it holds config.json, else built there and kept")
     p.add_argument("--dtypes", default="bfloat16,float32")
     p.add_argument("--lengths", help=f"prefill lengths (default {FULL_DEFAULTS['lengths']})")
-    p.add_argument("--decode-tokens", type=int, help=f"timed decode steps per run (default {FULL_DEFAULTS['decode_tokens']})")
+    p.add_argument("--decode-tokens", type=int, help=f"timed decode steps (default {FULL_DEFAULTS['decode_tokens']})")
     p.add_argument("--decode-prompt", type=int, help=f"prompt before decode (default {FULL_DEFAULTS['decode_prompt']})")
     p.add_argument("--batch", type=int, help=f"batched decode rows (default {FULL_DEFAULTS['batch']})")
-    p.add_argument("--diag-length", type=int, help=f"prefill length for the diagnostics cost (default {FULL_DEFAULTS['diag_length']})")
+    p.add_argument("--diag-length", type=int, help=f"diagnostics prefill (default {FULL_DEFAULTS['diag_length']})")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--skip-transformers", action="store_true")
