@@ -377,3 +377,12 @@ def test_states_of_different_lengths_decode_as_one_batch(dense):
         rows = model.decode(torch.tensor([token] * 3), batch)
         for b in range(3):
             assert_logits_close(rows[b : b + 1], alone[b][step], rel=1e-5)
+
+
+def test_truncated_weights_file_is_a_clear_error(dense, tmp_path):
+    reference, _ = dense
+    folder = save_checkpoint(reference, tmp_path)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(SummarizeError, match="truncated"):
+        load_model(folder, device="cpu", dtype=torch.float32)

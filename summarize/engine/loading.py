@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-from contextlib import ExitStack
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from summarize.engine import qwen3_5, rwkv7
 from summarize.errors import SummarizeError
@@ -70,19 +68,37 @@ def read_config(folder: Path) -> dict:
         raise SummarizeError(f"{folder / 'config.json'}: not valid JSON ({exc.msg})") from None
 
 
-class Checkpoint:
-    """The tensors of a folder's safetensors files, by name, read lazily and one at a time."""
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
-    def __init__(self, folder: Path, stack: ExitStack) -> None:
+
+class Checkpoint:
+    """The tensors of a folder's safetensors files, by name, read one at a time.
+
+    Each tensor is read with plain file reads straight into memory of its own, not through a
+    memory map: a mapped file's pages would stay in the process's resident memory beside the
+    converted weights, and peak memory would be two copies instead of one.
+    """
+
+    def __init__(self, folder: Path) -> None:
         files = sorted(folder.glob("*.safetensors"))
         if not files:
             raise ModelNotAvailable(f"{folder}: no *.safetensors weights")
         self.folder = folder
-        self._where: dict[str, object] = {}
+        self._where: dict[str, tuple[Path, dict, int]] = {}  # name -> (file, entry, data start)
         for file in files:
-            handle = stack.enter_context(safe_open(str(file), framework="pt"))
-            for name in handle.keys():
-                self._where[name] = handle
+            with open(file, "rb") as f:
+                try:
+                    size = int.from_bytes(f.read(8), "little")
+                    header = json.loads(f.read(size))
+                except (ValueError, UnicodeDecodeError) as exc:
+                    raise SummarizeError(f"{file}: not a safetensors file ({exc})") from None
+            for name, entry in header.items():
+                if name != "__metadata__":
+                    self._where[name] = (file, entry, 8 + size)
 
     def __contains__(self, name: str) -> bool:
         return name in self._where
@@ -91,12 +107,22 @@ class Checkpoint:
         return list(self._where)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._where[name].get_slice(name).get_shape())
+        return tuple(self._where[name][1]["shape"])
 
     def read(self, name: str) -> torch.Tensor:
         if name not in self._where:
             raise SummarizeError(f"{self.folder}: checkpoint lacks tensor {name}")
-        return self._where[name].get_tensor(name)
+        file, entry, data_start = self._where[name]
+        dtype = SAFETENSORS_DTYPES.get(entry["dtype"])
+        if dtype is None:
+            raise SummarizeError(f"{file}: tensor {name} has unsupported dtype {entry['dtype']}")
+        begin, end = entry["data_offsets"]
+        raw = torch.empty(end - begin, dtype=torch.uint8)
+        with open(file, "rb") as f:
+            f.seek(data_start + begin)
+            if f.readinto(raw.numpy()) != end - begin:
+                raise SummarizeError(f"{file}: truncated; tensor {name} is incomplete")
+        return raw.view(dtype).reshape(entry["shape"])
 
 
 class TorchCheckpoint:
@@ -145,9 +171,7 @@ def load_model(source: str | os.PathLike, device: str | torch.device | None = No
     if family is None:
         supported = ", ".join(t for f in FAMILIES for t in f.MODEL_TYPES)
         raise SummarizeError(f"{folder}: unsupported model_type {model_type!r} (supported: {supported})")
-    with ExitStack() as stack:
-        checkpoint = Checkpoint(folder, stack)
-        model = family.build(config, checkpoint, device=device, dtype=dtype)
+    model = family.build(config, Checkpoint(folder), device=device, dtype=dtype)
     model.source = folder
     return model
 
