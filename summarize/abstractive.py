@@ -128,7 +128,8 @@ class ModelSummarizer:
         self.on_phase = on_phase
         self.diagnostics = diagnostics
         self.progress = Progress()
-        session.model.listener = self._span
+        # per-token span reports cost ~10% of a decode step: only when someone reads them
+        session.model.listener = self._span if on_span is not None or diagnostics is not None else None
 
     # -- the two strategies --------------------------------------------------------------------
 

@@ -143,7 +143,7 @@ def make_summarizer(settings: Settings, ui: Notifier) -> Summarizer:
         overlap=settings.overlap,
         fallback=extractive,
         notify=ui.note,
-        on_span=getattr(ui, "span", None),
+        on_span=ui.span if getattr(ui, "shows_live_state", False) else None,
         on_phase=getattr(ui, "phase", None),
         diagnostics=diagnostics,
     )

@@ -110,6 +110,10 @@ class RichUI:
 
     # -- the model's state, live (only on a terminal) -----------------------------------------
 
+    @property
+    def shows_live_state(self) -> bool:
+        return self.console.is_terminal
+
     def phase(self, progress) -> None:
         """The summarizer moved to another chunk or phase."""
         if not self.console.is_terminal:
@@ -148,6 +152,8 @@ class QuietUI(RichUI):
 
     def results_table(self, results: Sequence[Result]) -> None:
         pass
+
+    shows_live_state = False
 
     def phase(self, progress) -> None:
         pass
