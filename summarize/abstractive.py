@@ -37,8 +37,12 @@ STREAM_ATTENTION_WINDOW = 4096  # tokens the attention layers keep in stream mod
 # Qwen's recommendation for non-thinking use; the penalty keeps a small model from looping.
 # A fixed default seed makes a run repeatable; --seed changes it.
 DEFAULT_SAMPLING = SamplingParams(temperature=0.7, top_k=20, top_p=0.8, presence_penalty=1.5, seed=0)
-RESTATE_LIMIT = 2
-MAP_BATCH = 8  # chunks whose notes are decoded together  # how often the final summary is asked for again when the first is unusable
+RESTATE_LIMIT = 2  # how often the final summary is asked for again when the first is unusable
+# Chunks whose notes are decoded together: decoding is memory-bound, so a batch costs about what
+# one row does. Rows are added while their states (recurrent + KV) stay within a small share of
+# the weights, so a long document does not raise peak memory much above a short one's.
+MAX_MAP_BATCH = 8
+MAP_BATCH_MEMORY_SHARE = 0.08
 
 MAP_INSTRUCTION = (
     "You are reading one part of a longer document. Write notes on this part: its main points, "
@@ -127,6 +131,7 @@ class ModelSummarizer:
         self.on_span = on_span
         self.on_phase = on_phase
         self.diagnostics = diagnostics
+        self.map_batch = map_batch_size(session.model, self.chunk_tokens)
         self.progress = Progress()
         # per-token span reports cost ~10% of a decode step: only when someone reads them
         session.model.listener = self._span if on_span is not None or diagnostics is not None else None
@@ -186,8 +191,8 @@ class ModelSummarizer:
         self.progress.counters["prefix_prefills"] += 1
         snapshot = prefix_state.snapshot()
         notes = []
-        for start in range(0, len(chunks), MAP_BATCH):
-            group = chunks[start : start + MAP_BATCH]
+        for start in range(0, len(chunks), self.map_batch):
+            group = chunks[start : start + self.map_batch]
             states, first_logits = [], []
             for chunk in group:  # chunks differ in length: each is read on its own...
                 assert chunk.resets_state  # map-reduce: every chunk opens with the marker
@@ -201,7 +206,10 @@ class ModelSummarizer:
             # about what one sequence does
             self.progress.rows = [chunk.index for chunk in group]
             self._phase(group[0].index, "decode")
-            generations = self._generate(torch.cat(first_logits), State.stack(states), NOTES_WORDS)
+            batch = State.stack(states)
+            states.clear()  # the batch holds its own copy: keep one copy of the rows' states alive
+            generations = self._generate(torch.cat(first_logits), batch, NOTES_WORDS)
+            del batch
             self.progress.rows = None
             notes += [note for note in (clean_output(g.text) for g in generations) if note]
         return self._reduce(notes)
@@ -315,6 +323,19 @@ class ModelSummarizer:
                 self.diagnostics.write(json.dumps(record) + "\n")
         if self.on_span is not None:
             self.on_span(self.progress, report)
+
+
+def map_batch_size(model, chunk_tokens: int) -> int:
+    """How many chunk states fit in MAP_BATCH_MEMORY_SHARE of the weight bytes (1 to MAX_MAP_BATCH)."""
+    seen, weight_bytes = set(), 0
+    for buffer in model.buffers():
+        if buffer.data_ptr() not in seen:
+            seen.add(buffer.data_ptr())
+            weight_bytes += buffer.numel() * buffer.element_size()
+    probe = model.new_state(1)
+    kv_per_token = sum(2 * l.keys.shape[1] * l.keys.shape[3] * l.keys.element_size() for l in probe.layers if hasattr(l, "keys"))
+    row_bytes = probe.recurrent_nbytes + kv_per_token * (chunk_tokens + 256)  # + prompt around the chunk
+    return max(1, min(MAX_MAP_BATCH, int(MAP_BATCH_MEMORY_SHARE * weight_bytes // row_bytes)))
 
 
 def load_session(settings, notify: Callable[[str], None]) -> ModelSession:
