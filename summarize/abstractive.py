@@ -22,6 +22,7 @@ import torch
 from summarize.chunking import Chunk, chunk_text
 from summarize.engine.diagnostics import SpanReport
 from summarize.engine.generate import SamplingParams, generate_batch
+from summarize.engine.memory import release_free_memory
 from summarize.engine.state import State
 from summarize.engine.tokenizer import Tokenizer
 from summarize.errors import SummarizeError
@@ -287,7 +288,9 @@ class ModelSummarizer:
     def _prefill(self, ids: list[int], state) -> torch.Tensor:
         self.progress.counters["tokens_in"] += len(ids)
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.s.model.device)
-        return self.s.model.prefill(input_ids, state)
+        logits = self.s.model.prefill(input_ids, state)
+        release_free_memory()  # chunk after chunk, resident memory stays flat
+        return logits
 
     def _generate(self, logits: torch.Tensor, state, words: int) -> list:
         """Generate from prefilled `state` (a batch of rows) up to the token budget for `words`."""
@@ -298,6 +301,7 @@ class ModelSummarizer:
             stop_texts=self.s.tokenizer.stop_texts,  # RWKV: the answer ends where a new round opens
         )
         self.progress.counters["tokens_out"] += sum(len(r.token_ids) for r in results)
+        release_free_memory()
         return results
 
     def _phase(self, chunk: int | None, phase: str) -> None:
