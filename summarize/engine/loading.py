@@ -1,7 +1,7 @@
 """Find a checkpoint (local folder, hub id or `.pth` file), read its config, and build the model lazily.
 
-Tensors are read one at a time from memory-mapped safetensors files and converted straight to
-the target device and dtype, so peak memory is about one copy of the weights. Tensors the model
+Tensors are read one at a time from the safetensors files and converted straight to the target
+device and dtype, so peak memory is about one copy of the weights. Tensors the model
 does not use (a vision tower, an MTP head) are never read. A BlinkDL `.pth` (RWKV-7) is opened
 memory-mapped with `weights_only=True`, which never runs code from the file.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from summarize.engine import qwen3_5, rwkv7
+from summarize.engine import compiled_decode, qwen3_5, rwkv7
 from summarize.errors import SummarizeError
 
 FAMILIES = (qwen3_5, rwkv7)  # each module: MODEL_TYPES and build(config, checkpoint, device=, dtype=)
@@ -153,8 +153,18 @@ class TorchCheckpoint:
         return self._tensors[name]
 
 
-def load_model(source: str | os.PathLike, device: str | torch.device | None = None, dtype: torch.dtype | None = None):
-    """Load a recurrent-state model from a local folder, a hub id or an RWKV-7 `.pth` file (design §5)."""
+def load_model(
+    source: str | os.PathLike,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    *,
+    compile: bool | None = None,
+):
+    """Load a recurrent-state model from a local folder, a hub id or an RWKV-7 `.pth` file (design §5).
+
+    `compile`: run decode steps through torch.compile (`compiled_decode`); None decides by the
+    environment (SUMMARIZE_COMPILE) and the model's size.
+    """
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
     path = Path(source).expanduser()
@@ -173,6 +183,9 @@ def load_model(source: str | os.PathLike, device: str | torch.device | None = No
         raise SummarizeError(f"{folder}: unsupported model_type {model_type!r} (supported: {supported})")
     model = family.build(config, Checkpoint(folder), device=device, dtype=dtype)
     model.source = folder
+    weight_bytes = sum(b.nbytes for b in model.buffers())
+    if compile if compile is not None else compiled_decode.wanted(model, device, weight_bytes):
+        model.compile_decode()
     return model
 
 

@@ -17,13 +17,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from summarize.engine.compiled_decode import CompiledDecode, compile_decode
 from summarize.engine.diagnostics import Listener, merge_block_stats, report_span
 from summarize.engine.ops.gated_delta_rule import (
     DeltaRuleStats,
     chunk_gated_delta_rule,
     recurrent_step_gated_delta_rule,
 )
-from summarize.engine.state import KVCache, RecurrentLayerState, State
+from summarize.engine.ops.linear import linear
+from summarize.engine.state import KVCache, LayerState, RecurrentLayerState, State
 from summarize.errors import SummarizeError
 
 MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
@@ -214,7 +216,7 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: Tensor, state: RecurrentLayerState, with_stats: bool) -> tuple[Tensor, DeltaRuleStats | None]:
         B, T, _ = x.shape
-        qkv, z, b, a = F.linear(x, self.in_proj).split(self.split, dim=-1)
+        qkv, z, b, a = linear(x, self.in_proj).split(self.split, dim=-1)
         qkv = self._causal_conv(qkv, state)  # [B, T, conv_dim]
         q, k, v = qkv.split((self.key_dim, self.key_dim, self.cfg.value_dim), dim=-1)
         q = l2norm(q.float().view(B, T, self.num_k_heads, self.k_dim))
@@ -241,7 +243,7 @@ class GatedDeltaNet(nn.Module):
         # gated RMSNorm per head (not zero-centred): x̂ · w · silu(z)
         o = F.rms_norm(o.float(), (self.v_dim,), self.norm.float(), self.eps)
         o = o * F.silu(z.float().view(B, T, self.num_v_heads, self.v_dim))
-        return F.linear(o.to(x.dtype).view(B, T, -1), self.out_proj), stats
+        return linear(o.to(x.dtype).view(B, T, -1), self.out_proj), stats
 
     def _causal_conv(self, qkv: Tensor, state: RecurrentLayerState) -> Tensor:
         """Depthwise causal conv + SiLU over [window | new tokens]; the window keeps the last kernel-1."""
@@ -269,28 +271,35 @@ class GatedAttention(nn.Module):
 
     def forward(self, x: Tensor, cache: KVCache, rotary: tuple[Tensor, Tensor]) -> Tensor:
         B, T, _ = x.shape
-        q_and_gate, k, v = F.linear(x, self.qkv_proj).split(self.split, dim=-1)
+        q_and_gate, k, v = linear(x, self.qkv_proj).split(self.split, dim=-1)
         q_and_gate = q_and_gate.view(B, T, self.num_heads, 2 * self.head_dim)
         q, gate = q_and_gate[..., : self.head_dim], q_and_gate[..., self.head_dim :]
         q = rms_norm(q, self.q_norm, self.eps).transpose(1, 2)  # [B, Hq, T, D]
         k = rms_norm(k.view(B, T, self.num_kv_heads, self.head_dim), self.k_norm, self.eps).transpose(1, 2)
         v = v.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        past = cache.length
-        keys, values = cache.append(k, v)
-        if T == 1 and cache.pad is None:
-            mask, causal = None, False
-        elif past == 0 and cache.pad is None:
-            mask, causal = None, True
-        else:  # new tokens see the whole cache and, causally, each other; never a row's padding
-            key_index = torch.arange(past + T, device=x.device)
-            mask = torch.arange(T, device=x.device)[:, None] + past >= key_index[None, :]
-            if cache.pad is not None:
-                mask = mask & (key_index >= cache.pad[:, None, None, None])  # [B, 1, T, past+T]
-            causal = False
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=True)
+        out = attend(q, k, v, cache)
         out = out.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate.reshape(B, T, -1))
-        return F.linear(out, self.o_proj)
+        return linear(out, self.o_proj)
+
+
+@torch.compiler.disable  # the cache's length changes every step: kept out of compiled graphs
+def attend(q: Tensor, k: Tensor, v: Tensor, cache: KVCache) -> Tensor:
+    """Append k, v [B, H_kv, T, D] to the cache and attend with q [B, H, T, D] → [B, H, T, D]."""
+    B, _, T, _ = q.shape
+    past = cache.length
+    keys, values = cache.append(k, v)
+    if T == 1 and cache.pad is None:
+        mask, causal = None, False
+    elif past == 0 and cache.pad is None:
+        mask, causal = None, True
+    else:  # new tokens see the whole cache and, causally, each other; never a row's padding
+        key_index = torch.arange(past + T, device=q.device)
+        mask = torch.arange(T, device=q.device)[:, None] + past >= key_index[None, :]
+        if cache.pad is not None:
+            mask = mask & (key_index >= cache.pad[:, None, None, None])  # [B, 1, T, past+T]
+        causal = False
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=True)
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -311,8 +320,8 @@ class MLP(nn.Module):
         self.register_buffer("down", take(prefix + "down_proj.weight"))
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down)
+        gate, up = linear(x, self.gate_up).chunk(2, dim=-1)
+        return linear(F.silu(gate) * up, self.down)
 
 
 class SparseMoE(nn.Module):
@@ -338,6 +347,7 @@ class SparseMoE(nn.Module):
         self.shared = MLP(take, prefix + "shared_expert.")
         self.register_buffer("shared_gate", take(prefix + "shared_expert_gate.weight"))
 
+    @torch.compiler.disable  # data-dependent dispatch: always eager
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])  # [N, H]
@@ -375,6 +385,17 @@ class DecoderLayer(nn.Module):
         self.register_buffer("post_norm", 1.0 + take(p + "post_attention_layernorm.weight").float())
         self.eps = cfg.rms_norm_eps
 
+    def forward(
+        self, x: Tensor, layer_state: LayerState, rotary: tuple[Tensor, Tensor], with_stats: bool
+    ) -> tuple[Tensor, DeltaRuleStats | None]:
+        h = rms_norm(x, self.input_norm, self.eps)
+        if self.kind == "linear_attention":
+            h, stats = self.mixer(h, layer_state, with_stats)
+        else:
+            h, stats = self.mixer(h, layer_state, rotary), None
+        x = x + h
+        return x + self.mlp(rms_norm(x, self.post_norm, self.eps)), stats
+
 
 # ---------------------------------------------------------------------------------------------
 # The model
@@ -403,6 +424,7 @@ class Qwen35Model(nn.Module):
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
         self.register_buffer("inv_freq", inv_freq.to(self.embed.device))
         self.listener: Listener | None = None
+        self.compiled: CompiledDecode | None = None  # set by `compile_decode`
 
     @property
     def dtype(self) -> torch.dtype:
@@ -411,6 +433,10 @@ class Qwen35Model(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.embed.device
+
+    def compile_decode(self) -> bool:
+        """Run single-token steps through torch.compile from now on (see `compiled_decode`)."""
+        return compile_decode(self, _layer_step, _head)
 
     def new_state(self, batch_size: int = 1) -> State:
         cfg, dev = self.cfg, self.device
@@ -442,16 +468,16 @@ class Qwen35Model(nn.Module):
         for start in range(0, input_ids.shape[1], PREFILL_BLOCK_TOKENS):
             hidden, block_reports = self._blocks(input_ids[:, start : start + PREFILL_BLOCK_TOKENS], state, "prefill")
             reports.append(block_reports)
-        last = rms_norm(hidden[:, -1], self.final_norm, self.cfg.rms_norm_eps)
         self._report(merge_block_stats(reports), state, "prefill", input_ids.shape[1])
-        return F.linear(last, self.lm_head)
+        return _head(self, hidden[:, -1])
 
     @torch.no_grad()
     def decode(self, token_ids: Tensor, state: State) -> Tensor:
         hidden, reports = self._blocks(token_ids[:, None], state, "decode")
-        last = rms_norm(hidden[:, -1], self.final_norm, self.cfg.rms_norm_eps)
+        head = self.compiled.head if self.compiled is not None else _head
+        logits = head(self, hidden[:, -1])
         self._report(reports, state, "decode", 1)
-        return F.linear(last, self.lm_head)
+        return logits
 
     def _blocks(self, input_ids: Tensor, state: State, phase: str) -> tuple[Tensor, list]:
         """Run every layer over input_ids [B, T]; return the last hidden states and per-layer stats."""
@@ -468,16 +494,10 @@ class Qwen35Model(nn.Module):
         with_stats = phase == "prefill" or self.listener is not None
         x = F.embedding(input_ids, self.embed)
         stats: list = []
-        for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.input_norm, layer.eps)
-            if layer.kind == "linear_attention":
-                h, layer_stats = layer.mixer(h, state.layers[i], with_stats)
-                stats.append((T, layer_stats))
-            else:
-                h = layer.mixer(h, state.layers[i], rotary)
-                stats.append(None)
-            x = x + h
-            x = x + layer.mlp(rms_norm(x, layer.post_norm, layer.eps))
+        step = self.compiled.layer if self.compiled is not None and T == 1 else _layer_step
+        for layer, layer_state in zip(self.layers, state.layers):
+            x, layer_stats = step(layer, x, layer_state, rotary, with_stats)
+            stats.append((T, layer_stats) if layer.kind == "linear_attention" else None)
         state.position += T
         if state.row_positions is not None:
             state.row_positions += T
@@ -485,6 +505,15 @@ class Qwen35Model(nn.Module):
 
     def _report(self, stats: list, state: State, phase: str, tokens: int) -> None:
         report_span(stats, state, phase, tokens, self.listener)
+
+
+def _layer_step(layer: DecoderLayer, x: Tensor, layer_state: LayerState, rotary, with_stats: bool):
+    return layer(x, layer_state, rotary, with_stats)
+
+
+def _head(model: Qwen35Model, hidden: Tensor) -> Tensor:
+    """Logits [B, V] of the last hidden states [B, H]."""
+    return linear(rms_norm(hidden, model.final_norm, model.cfg.rms_norm_eps), model.lm_head)
 
 
 # ---------------------------------------------------------------------------------------------

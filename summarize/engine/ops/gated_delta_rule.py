@@ -286,7 +286,10 @@ def recurrent_step_gated_delta_rule(
     alpha = g.exp()[..., None, None]  # [B, H, 1, 1]
     # Both reads of the old state in one product: o_t = alpha q^T S + (q.k) u needs no second read
     qk = torch.stack((q, k), dim=-2)  # [B, H, 2, K]
-    read = torch.matmul(qk, state).mul_(alpha)  # [B, H, 2, V]: alpha [q^T S; k^T S]
+    if torch.compiler.is_compiling():  # a sum inductor fuses into one pass over the state
+        read = (qk[..., None] * state[:, :, None]).sum(-2).mul_(alpha)
+    else:
+        read = torch.matmul(qk, state).mul_(alpha)  # [B, H, 2, V]: alpha [q^T S; k^T S]
     u = torch.sub(v, read[..., 1, :]).mul_(beta.unsqueeze(-1))  # [B, H, V]
     qk_dot = torch.linalg.vecdot(q, k).unsqueeze(-1)  # [B, H, 1]
     o = read[..., 0, :].addcmul_(qk_dot, u).mul_(scale)

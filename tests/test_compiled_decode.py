@@ -1,0 +1,118 @@
+"""A compiled decode step computes what the eager one does, and falls back to it cleanly.
+
+Tolerance: fp32 logits within 1e-4 of the largest logit (the compiled projections sum in a
+different order from torch's GEMM); diagnostics within 1e-4 relative.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from summarize.engine import State, load_model
+from summarize.engine import compiled_decode
+from tiny_models import dense_reference, save_checkpoint
+
+REL_TOL = 1e-4
+VOCAB = 384
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    scale = want.abs().max().item()
+    err = (got.float() - want.float()).abs().max().item()
+    assert err <= REL_TOL * scale, f"max |diff| {err:.3g} > {REL_TOL} x {scale:.3g}"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_checkpoint(dense_reference(), tmp_path_factory.mktemp("dense"))
+
+
+@pytest.fixture(scope="module")
+def models(folder):
+    eager = load_model(folder, device="cpu", dtype=torch.float32, compile=False)
+    compiled = load_model(folder, device="cpu", dtype=torch.float32, compile=True)
+    assert eager.compiled is None and compiled.compiled is not None
+    return eager, compiled
+
+
+def prompt(length: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_compiled_steps_equal_eager_steps_with_their_diagnostics(models):
+    eager, compiled = models
+    reports = {}
+    for name, model in (("eager", eager), ("compiled", compiled)):
+        state = model.new_state(1)
+        model.prefill(prompt(23, seed=1), state)
+        spans = []
+        model.listener = spans.append
+        try:
+            reports[name] = (spans, [model.decode(torch.tensor([t]), state) for t in (5, 9, 2, 7)], state)
+        finally:
+            model.listener = None
+    (eager_spans, eager_logits, eager_state), (spans, logits, state) = reports["eager"], reports["compiled"]
+    for got, want in zip(logits, eager_logits):
+        assert_close(got, want)
+    for got, want in zip(state.layers, eager_state.layers):
+        for name, tensor in got.tensors().items():
+            assert_close(tensor, want.tensors()[name])
+    assert len(spans) == len(eager_spans) == 4
+    for span, eager_span in zip(spans, eager_spans):
+        for layer, eager_layer in zip(span.layers, eager_span.layers):
+            assert layer.kind == eager_layer.kind
+            for field in ("state_norm", "gate_mean", "delta_norm"):
+                got, want = getattr(layer, field), getattr(eager_layer, field)
+                assert (got is None) == (want is None)
+                if want is not None:
+                    assert got == pytest.approx(want, rel=1e-4)
+
+
+def test_compiled_batch_of_stacked_states_equals_eager(models):
+    """Rows that read different lengths (padded KV caches, per-row positions), as map-reduce decodes."""
+    eager, compiled = models
+    rows = {}
+    for name, model in (("eager", eager), ("compiled", compiled)):
+        singles = []
+        for length in (9, 31):
+            state = model.new_state(1)
+            model.prefill(prompt(length, seed=length), state)
+            singles.append(state)
+        batch = State.stack(singles)
+        rows[name] = [model.decode(torch.tensor([4, 8]), batch) for _ in range(3)]
+    for got, want in zip(rows["compiled"], rows["eager"]):
+        assert_close(got, want)
+
+
+def test_a_compiler_failure_leaves_the_model_eager(folder, monkeypatch, capsys):
+    def broken_compile(fn, **_):
+        def fail(*args, **kwargs):
+            raise RuntimeError("no C++ compiler found")
+
+        return fail
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    model = load_model(folder, device="cpu", dtype=torch.float32, compile=True)
+    assert model.compiled is None
+    assert "decoding without torch.compile (no C++ compiler found)" in capsys.readouterr().err
+    state = model.new_state(1)
+    model.prefill(prompt(5, seed=3), state)
+    assert torch.isfinite(model.decode(torch.tensor([1]), state)).all()
+
+
+@pytest.mark.parametrize(
+    ("env", "device", "weight_bytes", "expected"),
+    [
+        ("", "cpu", 2**30, True),  # a real model on the CPU: worth compiling
+        ("", "cpu", 2**20, False),  # a tiny one: compiling costs more than it saves
+        ("1", "cpu", 2**20, True),
+        ("0", "cpu", 2**30, False),
+        ("", "cuda", 2**30, False),  # GPU decode keeps the eager path
+    ],
+)
+def test_when_decode_is_compiled(models, monkeypatch, env, device, weight_bytes, expected):
+    monkeypatch.setenv(compiled_decode.ENV, env)
+    assert compiled_decode.wanted(models[0], torch.device(device), weight_bytes) is expected
