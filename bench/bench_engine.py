@@ -1,6 +1,6 @@
 """Speed and memory of our engine beside transformers, and beside the machine's own limits.
 
-    python bench/bench_engine.py --folder /tmp/qwen3.5-0.8B-random   # the full run: 0.8B, bf16 + fp32
+    python bench/bench_engine.py --folder /tmp/qwen3.5-0.8B-random   # the full run: 0.8B, bf16, fp32, int8
     python bench/bench_engine.py --dtypes bfloat16 --skip-transformers   # our engine only, bf16
     python bench/bench_engine.py --tiny                                 # self-test on a tiny model, < 1 min
 
@@ -24,7 +24,10 @@ Method
 - Prefill: one short warm-up call, then --repeats timed calls on a fresh state; the median.
   Transformers runs `model(ids, use_cache=True, logits_to_keep=1)`.
 - Decode: one prompt of --decode-prompt tokens, two warm-up steps, then --repeats runs of
-  --decode-tokens greedy steps (the context grows by those few tokens from run to run).
+  --decode-tokens greedy steps (the context grows by those few tokens from run to run). Steps
+  run as `summarize` runs them: compiled (torch.compile) for a model of this size; compiling
+  happens while loading and in the warm-up steps, outside the timings.
+- int8: weight-only int8 (`--quantize int8`), bf16 activations; transformers has no such row.
 - Batched decode: the prompt's state stacked B times (`State.stack`, as batched summaries do).
 - Diagnostics: prefill of --diag-length tokens with the per-chunk stats switched off (patched),
   with listener None (the default: cheap stats and a NaN check) and with a no-op listener (full
@@ -120,7 +123,7 @@ def random_ids(vocab: int, batch: int, tokens: int) -> torch.Tensor:
 def model_costs(model) -> dict:
     """What one token costs our model: weight bytes, matmul weights, bytes a decode step reads."""
     cfg = model.cfg
-    tied = model.lm_head.data_ptr() == model.embed.data_ptr()
+    tied = model.lm_head is model.embed
     active = cfg.num_experts_per_tok / cfg.num_experts if cfg.num_experts else 1.0
     seen, weight_bytes, matmul_params, step_bytes = set(), 0, 0.0, 0.0
     for name, buf in model.named_buffers():
@@ -129,15 +132,16 @@ def model_costs(model) -> dict:
         seen.add(buf.data_ptr())
         nbytes = buf.numel() * buf.element_size()
         weight_bytes += nbytes
-        if name in ("embed", "lm_head"):
-            if name == "lm_head" or tied:  # the head reads all of it; an embedding lookup one row
+        if name.startswith(("embed.", "lm_head.")):
+            if name.startswith("lm_head.") or tied:  # the head reads all of it; an embedding lookup one row
                 step_bytes += nbytes
             continue
         share = active if "experts_" in name else 1.0  # routed experts: only top-k of them run
-        matmul_params += buf.numel() * share
+        if not name.endswith(".scale"):  # int8 weights: one scale per row, no matmul of its own
+            matmul_params += buf.numel() * share
         step_bytes += nbytes * share
     attention_layers = sum(kind == "full_attention" for kind in cfg.layer_types)
-    element = torch.empty((), dtype=model.dtype).element_size()
+    element = torch.empty((), dtype=model.dtype).element_size()  # the KV cache's
     return dict(
         weight_bytes=weight_bytes,
         matmul_params=matmul_params,
@@ -171,9 +175,10 @@ def ours_worker(args, dtype: torch.dtype) -> dict:
     from summarize.engine import State, load_model
 
     baseline = peak_rss()  # torch and the engine imported, nothing loaded
-    model = load_model(args.folder, device="cpu", dtype=dtype)
+    quantize = "int8" if args.dtype == "int8" else None
+    model = load_model(args.folder, device="cpu", dtype=dtype, quantize=quantize)
     vocab = model.cfg.vocab_size
-    out: dict = {"costs": model_costs(model), "baseline_rss": baseline}
+    out: dict = {"costs": model_costs(model), "baseline_rss": baseline, "compiled": model.compiled is not None}
     if args.job == "prefill":
         model.prefill(random_ids(vocab, 1, min(WARMUP_TOKENS, args.length)), model.new_state(1))
         ids = random_ids(vocab, 1, args.length)
@@ -230,6 +235,9 @@ def diagnostics(model, args) -> dict:
             t = model.decode(t, state).argmax(-1)
 
     decode: dict[str, list[float]] = {"default": [], "listener": []}
+    for listener in (None, noop):  # a compiled step builds its variant with diagnostics here
+        model.listener = listener
+        steps()
     for _ in range(runs):
         for mode, listener in (("default", None), ("listener", noop)):
             model.listener = listener
@@ -268,7 +276,7 @@ def transformers_worker(args, dtype: torch.dtype) -> dict:
 
 def worker_main(args) -> None:
     torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
+    dtype = torch.bfloat16 if args.dtype == "int8" else getattr(torch, args.dtype)  # int8: bf16 compute
     with torch.inference_mode():
         out = (ours_worker if args.worker == "ours" else transformers_worker)(args, dtype)
     print(json.dumps(out))
@@ -372,7 +380,7 @@ def log(message: str) -> None:
 
 
 def measure(args, dtype: str, lengths: list[int]) -> dict:
-    engines = ["ours"] + ([] if args.skip_transformers else ["transformers"])
+    engines = ["ours"] + ([] if args.skip_transformers or dtype == "int8" else ["transformers"])
     m: dict = {"prefill": {}}
     for engine in engines:
         for length in lengths:
@@ -429,7 +437,7 @@ def decode_bytes(costs: dict, context: int) -> float:
 
 def rows_for(args, dtype: str, m: dict, limits: dict, costs: dict | None, lengths: list[int]) -> list[list[str]]:
     """The table's rows for one dtype: [dtype, figure, ours, transformers, ratio, ceiling, ours / ceiling]."""
-    short = {"bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)
+    short = {"bfloat16": "bf16", "float32": "fp32", "int8": "int8 (bf16 compute)"}.get(dtype, dtype)
     rows: list[list[str]] = []
 
     def row(figure: str, ours: str, ref: str = "", ratio_: str = "", ceiling: str = "", fraction: str = "") -> None:
@@ -440,10 +448,10 @@ def rows_for(args, dtype: str, m: dict, limits: dict, costs: dict | None, length
         return None if seconds is None else length / seconds
 
     def decode(engine: str, batch: int) -> float | None:
-        seconds = get(m["decode", engine], f"decode_s_b{batch}")
+        seconds = get(m.get(("decode", engine)), f"decode_s_b{batch}")
         return None if seconds is None else batch * args.decode_tokens / seconds
 
-    gflops = limits.get(f"matmul_{dtype}")
+    gflops = limits.get(f"matmul_{'bfloat16' if dtype == 'int8' else dtype}")
     for length in lengths:
         ours, ref = prefill("ours", length), prefill("transformers", length)
         ceiling = gflops * 1e9 / prefill_flop(costs, length) if costs and gflops else None
@@ -489,7 +497,8 @@ def report(args, lengths: list[int], limits: dict, results: dict) -> None:
                 f"{costs['attention_flop_per_token_per_length'] * 1024 / 1e9:.4f} GFLOP/token per 1K prompt tokens; "
                 f"decode reads {decode_bytes(costs, args.decode_prompt) / 1e9:.3f} GB/token; state "
                 f"{costs['recurrent_bytes'] / 2**20:.1f} MiB recurrent + {costs['kv_bytes_per_token'] / 1024:.1f} KiB "
-                f"KV per token; our process before loading (torch imported) {ours[0]['baseline_rss'] / 1e9:.2f} GB."
+                f"KV per token; our process before loading (torch imported) {ours[0]['baseline_rss'] / 1e9:.2f} GB; "
+                f"decode steps {'compiled' if ours[0].get('compiled') else 'eager'}."
             )
     shape = "tiny" if args.tiny else args.shape
     print(f"### Qwen3.5 {shape}, random weights, {args.threads} threads, median of {args.repeats}\n")
@@ -520,7 +529,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shape", default="0.8B", choices=["0.8B", "2B", "35B-A3B"], help="a real Qwen3.5 shape")
     p.add_argument("--tiny", action="store_true", help="a tiny random model and short lengths: a quick self-test")
     p.add_argument("--folder", help="checkpoint folder: reused if it holds config.json, else built there and kept")
-    p.add_argument("--dtypes", default="bfloat16,float32")
+    p.add_argument("--dtypes", default="bfloat16,float32,int8", help="int8: int8 weights, bf16 compute")
     p.add_argument("--lengths", help=f"prefill lengths (default {FULL_DEFAULTS['lengths']})")
     p.add_argument("--decode-tokens", type=int, help=f"timed decode steps (default {FULL_DEFAULTS['decode_tokens']})")
     p.add_argument("--decode-prompt", type=int, help=f"prompt before decode (default {FULL_DEFAULTS['decode_prompt']})")

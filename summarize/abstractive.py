@@ -348,7 +348,7 @@ def load_session(settings, notify: Callable[[str], None]) -> ModelSession:
     from summarize.engine.loading import load_tokenizer
 
     dtype = getattr(torch, settings.dtype) if settings.dtype else None
-    model = load_model(settings.model, device=settings.device, dtype=dtype)
+    model = load_model(settings.model, device=settings.device, dtype=dtype, quantize=settings.quantize)
     tokenizer, stop_ids = load_tokenizer(model)
     sampling = SamplingParams(
         temperature=DEFAULT_SAMPLING.temperature if settings.temperature is None else settings.temperature,
@@ -357,5 +357,6 @@ def load_session(settings, notify: Callable[[str], None]) -> ModelSession:
         presence_penalty=DEFAULT_SAMPLING.presence_penalty,
         seed=DEFAULT_SAMPLING.seed if settings.seed is None else settings.seed,
     )
-    notify(f"model {settings.model} on {model.device} ({str(model.dtype).removeprefix('torch.')})")
+    precision = str(model.dtype).removeprefix("torch.") + (f", {settings.quantize} weights" if settings.quantize else "")
+    notify(f"model {settings.model} on {model.device} ({precision})")
     return ModelSession(model, tokenizer, stop_ids, sampling, settings.model)

@@ -37,6 +37,10 @@ class DType(str, Enum):
     float16 = "float16"
 
 
+class Quantize(str, Enum):
+    int8 = "int8"
+
+
 class _OneLineErrors(TyperCommand):
     """Usage errors as one `error: ...` line on stderr (exit 2), instead of a usage panel."""
 
@@ -85,6 +89,9 @@ def summarize(
     dtype: Annotated[DType | None, typer.Option(
         envvar="SUMMARIZE_DTYPE", show_default=False,
         help="Weight precision (default: the best for the device).")] = None,
+    quantize: Annotated[Quantize | None, typer.Option(
+        envvar="SUMMARIZE_QUANTIZE", show_default=False,
+        help="Store the weights as int8 (half the memory; faster decoding on the CPU).")] = None,
     chunk_tokens: Annotated[int | None, typer.Option(
         "--chunk-tokens", min=1, show_default=False,
         help="Tokens per chunk of the document (default: the model's choice).")] = None,
@@ -137,7 +144,7 @@ def summarize(
             f"must be smaller than --chunk-tokens ({chunk_tokens})", param_hint="'--overlap'")
     settings = Settings(
         words=words, model=model, device=device, dtype=dtype.value if dtype else None,
-        chunk_tokens=chunk_tokens, overlap=overlap, strategy=strategy.value,
+        quantize=quantize.value if quantize else None, chunk_tokens=chunk_tokens, overlap=overlap, strategy=strategy.value,
         extractive=extractive, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
         diagnostics_file=str(diagnostics_file) if diagnostics_file else None,
         password=password, verbose=verbose,

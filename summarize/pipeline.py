@@ -34,6 +34,7 @@ class Settings:
     model: str = DEFAULT_MODEL
     device: str | None = None
     dtype: str | None = None
+    quantize: str | None = None
     chunk_tokens: int | None = None
     overlap: int | None = None
     strategy: str = "map-reduce"
@@ -67,6 +68,8 @@ class Settings:
                 "top_p": self.top_p,
                 "seed": self.seed,
             }
+            if self.quantize:  # absent when unset: fingerprints of earlier runs stay valid
+                shaping["quantize"] = self.quantize
         blob = json.dumps(shaping, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:FINGERPRINT_LENGTH]
 

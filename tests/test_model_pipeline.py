@@ -156,3 +156,20 @@ def test_model_load_uses_fp32_state_whatever_the_dtype(model_dir):
     state = session.model.new_state(1)
     assert session.model.dtype == torch.bfloat16
     assert all(layer.matrix.dtype == torch.float32 for layer in state.layers if hasattr(layer, "matrix"))
+
+
+def test_int8_weights_from_the_command_line(model_dir):
+    proc = run_cli(str(sample_pdf()), "-m", str(model_dir), "-n", "40", "--chunk-tokens", "3000",
+                   "--quantize", "int8", "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert 0 < result["words"] <= 40
+    assert f"model {model_dir} on cpu (float32, int8 weights)" in proc.stderr  # the model ran, in int8
+
+
+def test_int8_is_refused_for_an_rwkv_checkpoint(tmp_path):
+    checkpoint = tmp_path / "model.pth"
+    checkpoint.write_bytes(b"")
+    proc = run_cli("-", "-m", str(checkpoint), "--quantize", "int8", stdin="Some text. " * 20)
+    assert "--quantize int8 is for Qwen3.5 models" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -15,9 +15,12 @@ from pathlib import Path
 import torch
 
 from summarize.engine import compiled_decode, qwen3_5, rwkv7
+from summarize.engine.memory import release_free_memory
 from summarize.errors import SummarizeError
 
 FAMILIES = (qwen3_5, rwkv7)  # each module: MODEL_TYPES and build(config, checkpoint, device=, dtype=)
+
+QUANTIZE_MODES = (None, "int8")
 
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.pth"]
 
@@ -159,18 +162,24 @@ def load_model(
     dtype: torch.dtype | None = None,
     *,
     compile: bool | None = None,
+    quantize: str | None = None,
 ):
     """Load a recurrent-state model from a local folder, a hub id or an RWKV-7 `.pth` file (design §5).
 
     `compile`: run decode steps through torch.compile (`compiled_decode`); None decides by the
-    environment (SUMMARIZE_COMPILE) and the model's size.
+    environment (SUMMARIZE_COMPILE) and the model's size. `quantize="int8"`: weight-only int8
+    (Qwen3.5 models).
     """
+    if quantize not in QUANTIZE_MODES:
+        raise SummarizeError(f"unknown quantization {quantize!r} (supported: {', '.join(QUANTIZE_MODES[1:])})")
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
     path = Path(source).expanduser()
     if path.suffix == ".pth":
         if not path.is_file():
             raise ModelNotAvailable(f"{source}: no such checkpoint file")
+        if quantize:
+            raise SummarizeError(f"--quantize {quantize} is for Qwen3.5 models; RWKV-7 runs in {dtype}")
         model = rwkv7.build({}, TorchCheckpoint(path), device=device, dtype=dtype)
         model.source = path.parent
         return model
@@ -183,6 +192,11 @@ def load_model(
         raise SummarizeError(f"{folder}: unsupported model_type {model_type!r} (supported: {supported})")
     model = family.build(config, Checkpoint(folder), device=device, dtype=dtype)
     model.source = folder
+    if quantize == "int8":
+        if not hasattr(model, "quantize_int8"):
+            raise SummarizeError(f"--quantize {quantize} is for Qwen3.5 models")
+        model.quantize_int8()
+        release_free_memory()
     weight_bytes = sum(b.nbytes for b in model.buffers())
     if compile if compile is not None else compiled_decode.wanted(model, device, weight_bytes):
         model.compile_decode()

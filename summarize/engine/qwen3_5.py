@@ -24,7 +24,7 @@ from summarize.engine.ops.gated_delta_rule import (
     chunk_gated_delta_rule,
     recurrent_step_gated_delta_rule,
 )
-from summarize.engine.ops.linear import linear
+from summarize.engine.ops.linear import Projection
 from summarize.engine.state import KVCache, LayerState, RecurrentLayerState, State
 from summarize.errors import SummarizeError
 
@@ -205,18 +205,17 @@ class GatedDeltaNet(nn.Module):
         self.k_dim, self.v_dim = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         self.key_dim = self.num_k_heads * self.k_dim
         self.split = (cfg.conv_dim, cfg.value_dim, self.num_v_heads, self.num_v_heads)  # qkv | z | b | a
-        in_proj = torch.cat([take(prefix + f"in_proj_{n}.weight") for n in ("qkv", "z", "b", "a")])
-        self.register_buffer("in_proj", in_proj)
+        self.in_proj = Projection(torch.cat([take(prefix + f"in_proj_{n}.weight") for n in ("qkv", "z", "b", "a")]))
         self.register_buffer("conv", take(prefix + "conv1d.weight")[:, 0, :].contiguous())  # [C, kernel]
         self.register_buffer("dt_bias", take(prefix + "dt_bias").float())
         self.register_buffer("neg_A", -take(prefix + "A_log").float().exp())
         self.register_buffer("norm", take(prefix + "norm.weight"))
-        self.register_buffer("out_proj", take(prefix + "out_proj.weight"))
+        self.out_proj = Projection(take(prefix + "out_proj.weight"))
         self.eps = cfg.rms_norm_eps
 
     def forward(self, x: Tensor, state: RecurrentLayerState, with_stats: bool) -> tuple[Tensor, DeltaRuleStats | None]:
         B, T, _ = x.shape
-        qkv, z, b, a = linear(x, self.in_proj).split(self.split, dim=-1)
+        qkv, z, b, a = self.in_proj(x).split(self.split, dim=-1)
         qkv = self._causal_conv(qkv, state)  # [B, T, conv_dim]
         q, k, v = qkv.split((self.key_dim, self.key_dim, self.cfg.value_dim), dim=-1)
         q = l2norm(q.float().view(B, T, self.num_k_heads, self.k_dim))
@@ -243,7 +242,7 @@ class GatedDeltaNet(nn.Module):
         # gated RMSNorm per head (not zero-centred): x̂ · w · silu(z)
         o = F.rms_norm(o.float(), (self.v_dim,), self.norm.float(), self.eps)
         o = o * F.silu(z.float().view(B, T, self.num_v_heads, self.v_dim))
-        return linear(o.to(x.dtype).view(B, T, -1), self.out_proj), stats
+        return self.out_proj(o.to(x.dtype).view(B, T, -1)), stats
 
     def _causal_conv(self, qkv: Tensor, state: RecurrentLayerState) -> Tensor:
         """Depthwise causal conv + SiLU over [window | new tokens]; the window keeps the last kernel-1."""
@@ -263,15 +262,15 @@ class GatedAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         qkv = [take(prefix + f"{n}_proj.weight") for n in ("q", "k", "v")]
         self.split = tuple(w.shape[0] for w in qkv)
-        self.register_buffer("qkv_proj", torch.cat(qkv))
-        self.register_buffer("o_proj", take(prefix + "o_proj.weight"))
+        self.qkv_proj = Projection(torch.cat(qkv))
+        self.o_proj = Projection(take(prefix + "o_proj.weight"))
         self.register_buffer("q_norm", 1.0 + take(prefix + "q_norm.weight").float())
         self.register_buffer("k_norm", 1.0 + take(prefix + "k_norm.weight").float())
         self.eps = cfg.rms_norm_eps
 
     def forward(self, x: Tensor, cache: KVCache, rotary: tuple[Tensor, Tensor]) -> Tensor:
         B, T, _ = x.shape
-        q_and_gate, k, v = linear(x, self.qkv_proj).split(self.split, dim=-1)
+        q_and_gate, k, v = self.qkv_proj(x).split(self.split, dim=-1)
         q_and_gate = q_and_gate.view(B, T, self.num_heads, 2 * self.head_dim)
         q, gate = q_and_gate[..., : self.head_dim], q_and_gate[..., self.head_dim :]
         q = rms_norm(q, self.q_norm, self.eps).transpose(1, 2)  # [B, Hq, T, D]
@@ -280,7 +279,7 @@ class GatedAttention(nn.Module):
         q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         out = attend(q, k, v, cache)
         out = out.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate.reshape(B, T, -1))
-        return linear(out, self.o_proj)
+        return self.o_proj(out)
 
 
 @torch.compiler.disable  # the cache's length changes every step: kept out of compiled graphs
@@ -316,12 +315,12 @@ class MLP(nn.Module):
 
     def __init__(self, take: Take, prefix: str) -> None:
         super().__init__()
-        self.register_buffer("gate_up", torch.cat([take(prefix + "gate_proj.weight"), take(prefix + "up_proj.weight")]))
-        self.register_buffer("down", take(prefix + "down_proj.weight"))
+        self.gate_up = Projection(torch.cat([take(prefix + "gate_proj.weight"), take(prefix + "up_proj.weight")]))
+        self.down = Projection(take(prefix + "down_proj.weight"))
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = linear(x, self.gate_up).chunk(2, dim=-1)
-        return linear(F.silu(gate) * up, self.down)
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
 
 
 class SparseMoE(nn.Module):
@@ -416,23 +415,33 @@ class Qwen35Model(nn.Module):
     def __init__(self, cfg: Qwen35Config, take: Take, *, fused_experts: bool = True) -> None:
         super().__init__()
         self.cfg = cfg
-        self.register_buffer("embed", take("embed_tokens.weight"))
+        self.embed = Projection(take("embed_tokens.weight"))
+        self.compute_dtype = self.embed.weight.dtype
         self.layers = nn.ModuleList(DecoderLayer(cfg, take, i, fused_experts) for i in range(len(cfg.layer_types)))
         self.register_buffer("final_norm", 1.0 + take("norm.weight").float())
-        self.register_buffer("lm_head", self.embed if cfg.tie_word_embeddings else take("lm_head.weight"))
+        self.lm_head = self.embed if cfg.tie_word_embeddings else Projection(take("lm_head.weight"))
         rotary_dim = int(cfg.head_dim * cfg.partial_rotary_factor)
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
-        self.register_buffer("inv_freq", inv_freq.to(self.embed.device))
+        self.register_buffer("inv_freq", inv_freq.to(self.embed.weight.device))
         self.listener: Listener | None = None
         self.compiled: CompiledDecode | None = None  # set by `compile_decode`
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed.dtype
+        return self.compute_dtype
 
     @property
     def device(self) -> torch.device:
-        return self.embed.device
+        return self.embed.weight.device
+
+    def quantize_int8(self) -> None:
+        """Weight-only int8: every projection (and the embedding table) as int8 with per-row scales.
+
+        The experts of an MoE model stay in the model's dtype.
+        """
+        for module in self.modules():
+            if isinstance(module, Projection):
+                module.quantize_int8()
 
     def compile_decode(self) -> bool:
         """Run single-token steps through torch.compile from now on (see `compiled_decode`)."""
@@ -458,7 +467,7 @@ class Qwen35Model(nn.Module):
     @torch.no_grad()
     def forward(self, input_ids: Tensor, state: State) -> Tensor:
         hidden, reports = self._blocks(input_ids, state, "prefill")
-        logits = F.linear(rms_norm(hidden, self.final_norm, self.cfg.rms_norm_eps), self.lm_head)
+        logits = self.lm_head(rms_norm(hidden, self.final_norm, self.cfg.rms_norm_eps))
         self._report(reports, state, "prefill", input_ids.shape[1])
         return logits
 
@@ -492,7 +501,7 @@ class Qwen35Model(nn.Module):
         rotary = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
         # prefill always checks the state (cheap per chunk); decode only when someone listens
         with_stats = phase == "prefill" or self.listener is not None
-        x = F.embedding(input_ids, self.embed)
+        x = self.embed.rows(input_ids)
         stats: list = []
         step = self.compiled.layer if self.compiled is not None and T == 1 else _layer_step
         for layer, layer_state in zip(self.layers, state.layers):
@@ -513,7 +522,7 @@ def _layer_step(layer: DecoderLayer, x: Tensor, layer_state: LayerState, rotary,
 
 def _head(model: Qwen35Model, hidden: Tensor) -> Tensor:
     """Logits [B, V] of the last hidden states [B, H]."""
-    return linear(rms_norm(hidden, model.final_norm, model.cfg.rms_norm_eps), model.lm_head)
+    return model.lm_head(rms_norm(hidden, model.final_norm, model.cfg.rms_norm_eps))
 
 
 # ---------------------------------------------------------------------------------------------
