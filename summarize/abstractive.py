@@ -89,8 +89,21 @@ class Progress:
     chunk: int | None = None
     chunks: int = 0
     phase: str = "prefill"
-    rows: list[int] | None = None  # chunk index of each batch row while chunks decode together
+    rows: list[tuple[str, int | None]] | None = None  # (input, chunk) of each row while rows decode together
     counters: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Document:
+    """One document on its way through the summarizer."""
+
+    name: str
+    text: str
+    chunks: list[Chunk]
+    progress: Progress
+    start: float
+    notes: list[str] = field(default_factory=list)
+    summary: str = ""
 
 
 def clean_output(text: str) -> str:
@@ -137,41 +150,78 @@ class ModelSummarizer:
         # per-token span reports cost ~10% of a decode step: only when someone reads them
         session.model.listener = self._span if on_span is not None or diagnostics is not None else None
 
-    # -- the two strategies --------------------------------------------------------------------
+    # -- documents in, summaries out ------------------------------------------------------------
+
+    @property
+    def documents_per_batch(self) -> int:
+        """How many documents to hand to `summarize_documents` at once: their decodes share batches."""
+        return self.map_batch if self.strategy == "map-reduce" else 1
 
     def summarize(self, text: str, *, name: str):
-        from summarize.pipeline import Summary
+        (result,) = self.summarize_documents([(text, name)])
+        if isinstance(result, Exception):
+            raise result
+        return result
 
-        start = time.perf_counter()
-        self.progress = Progress(input=name, counters={"prefix_prefills": 0, "restores": 0, "tokens_in": 0, "tokens_out": 0})
+    def summarize_documents(self, documents: list[tuple[str, str]]) -> list:
+        """Summaries of several (text, name) documents, in order; a document's failure is returned
+        in its place as the exception.
+
+        In map-reduce the documents go through each stage together: the instruction prefix is
+        prefilled once for all of them, their chunks' notes are decoded in shared batches, and so
+        are their final summaries. Stream reads one document after another.
+        """
+        docs: list[_Document | Exception] = []
+        for text, name in documents:
+            try:
+                docs.append(self._open(text, name))
+            except SummarizeError as exc:
+                docs.append(exc)
+        live = [d for d in docs if isinstance(d, _Document)]
+        if self.strategy == "stream":
+            for doc in live:
+                self.progress = doc.progress
+                doc.summary = self._stream(doc.chunks)
+        else:
+            self._write_notes([d for d in live if len(d.chunks) > 1])
+            self._write_summaries(live)
+        if self.diagnostics is not None:
+            self.diagnostics.flush()
+        results = []
+        for doc in docs:
+            try:
+                results.append(doc if isinstance(doc, Exception) else self._summary(doc))
+            except SummarizeError as exc:
+                results.append(exc)
+        return results
+
+    def _open(self, text: str, name: str) -> _Document:
         chunks = chunk_text(text, chunk_size=self.chunk_tokens, overlap=self.overlap, count=self.s.tokenizer.count, strategy=self.strategy)
         if not chunks:
             raise SummarizeError(f"{name}: no text to summarize")
-        self.progress.chunks = len(chunks)
-        if self.strategy == "stream":
-            summary = self._stream(chunks)
-        elif len(chunks) == 1:
-            summary = self._single(chunks[0])
-        else:
-            summary = self._map_reduce(chunks)
-        if self.diagnostics is not None:
-            self.diagnostics.flush()
-        if not summary and self.fallback is not None:
-            self.notify(f"{name}: the model wrote no usable summary; writing an extractive one instead")
-            return self.fallback.summarize(text, name=name)
-        if not summary:
-            raise SummarizeError(f"{name}: the model wrote no usable summary")
-        counters = self.progress.counters
+        counters = {"prefix_prefills": 0, "restores": 0, "tokens_in": 0, "tokens_out": 0}
+        progress = Progress(input=name, chunks=len(chunks), counters=counters)
+        return _Document(name, text, chunks, progress, time.perf_counter())
+
+    def _summary(self, doc: _Document):
+        from summarize.pipeline import Summary
+
+        if not doc.summary and self.fallback is not None:
+            self.notify(f"{doc.name}: the model wrote no usable summary; writing an extractive one instead")
+            return self.fallback.summarize(doc.text, name=doc.name)
+        if not doc.summary:
+            raise SummarizeError(f"{doc.name}: the model wrote no usable summary")
+        counters = doc.progress.counters
         return Summary(
-            text=summary,
-            words=count_words(summary),
+            text=doc.summary,
+            words=count_words(doc.summary),
             method=self.method,
-            input=name,
-            seconds=time.perf_counter() - start,
+            input=doc.name,
+            seconds=time.perf_counter() - doc.start,
             extra={
                 "model": self.s.name,
                 "strategy": self.strategy,
-                "chunks": len(chunks),
+                "chunks": len(doc.chunks),
                 "tokens_in": counters["tokens_in"],
                 "tokens_out": counters["tokens_out"],
                 "prefix_prefills": counters["prefix_prefills"],
@@ -179,24 +229,27 @@ class ModelSummarizer:
             },
         )
 
-    def _single(self, chunk: Chunk) -> str:
-        """A document that fits one window is summarized directly."""
-        prompt = self.s.tokenizer.chat_prompt_ids(SINGLE_INSTRUCTION.format(words=self.words) + chunk.text)
-        return self._final(lambda: self._prompt_state(prompt, chunk=0))
+    # -- map-reduce ----------------------------------------------------------------------------
 
-    def _map_reduce(self, chunks: list[Chunk]) -> str:
+    def _write_notes(self, docs: list[_Document]) -> None:
+        """Notes on every chunk of `docs`: each chunk read alone from the prefix snapshot, the notes
+        decoded in batches that may span documents."""
+        if not docs:
+            return
         model, tok = self.s.model, self.s.tokenizer
+        self.progress = docs[0].progress
         prefix_state = model.new_state(1)
         self._phase(None, "prefix")
         self._prefill(tok.chat_prefix_ids(None, MAP_INSTRUCTION.format(words=NOTES_WORDS)), prefix_state)
-        self.progress.counters["prefix_prefills"] += 1
+        self.progress.counters["prefix_prefills"] += 1  # the same instruction serves every document
         snapshot = prefix_state.snapshot()
-        notes = []
-        for start in range(0, len(chunks), self.map_batch):
-            group = chunks[start : start + self.map_batch]
+        rows = [(doc, chunk) for doc in docs for chunk in doc.chunks]
+        for start in range(0, len(rows), self.map_batch):
+            group = rows[start : start + self.map_batch]
             states, first_logits = [], []
-            for chunk in group:  # chunks differ in length: each is read on its own...
+            for doc, chunk in group:  # chunks differ in length: each is read on its own...
                 assert chunk.resets_state  # map-reduce: every chunk opens with the marker
+                self.progress = doc.progress
                 state = model.new_state(1)
                 state.restore(snapshot)  # the reset-state marker: back to "just read the instruction"
                 self.progress.counters["restores"] += 1
@@ -205,18 +258,49 @@ class ModelSummarizer:
                 states.append(state)
             # ...and their notes are written together: decoding is memory-bound, a batch costs
             # about what one sequence does
-            self.progress.rows = [chunk.index for chunk in group]
-            self._phase(group[0].index, "decode")
             batch = State.stack(states)
             states.clear()  # the batch holds its own copy: keep one copy of the rows' states alive
-            generations = self._generate(torch.cat(first_logits), batch, NOTES_WORDS)
+            generations = self._generate(torch.cat(first_logits), batch, NOTES_WORDS, [(doc, chunk.index) for doc, chunk in group])
             del batch
-            self.progress.rows = None
-            notes += [note for note in (clean_output(g.text) for g in generations) if note]
-        return self._reduce(notes)
+            for (doc, _), generation in zip(group, generations):
+                note = clean_output(generation.text)
+                if note:
+                    doc.notes.append(note)
 
-    def _reduce(self, notes: list[str]) -> str:
-        """Merge notes into the summary; notes that do not fit one window are merged in groups first."""
+    def _write_summaries(self, docs: list[_Document]) -> None:
+        """The final summary of each document (from its notes, or its one chunk), decoded in
+        batches across documents; a document whose answer is unusable is asked again alone."""
+        tok = self.s.tokenizer
+        prompts = []
+        for doc in docs:
+            self.progress = doc.progress
+            if len(doc.chunks) == 1:  # a document that fits one window is summarized directly
+                text = SINGLE_INSTRUCTION.format(words=self.words) + doc.chunks[0].text
+            else:
+                text = REDUCE_PROMPT.format(words=self.words, notes="\n\n".join(self._merge(doc.notes)))
+            prompts.append(tok.chat_prompt_ids(text))
+        pairs = list(zip(docs, prompts))
+        for start in range(0, len(pairs), self.map_batch):
+            group = pairs[start : start + self.map_batch]
+            states, first_logits = [], []
+            for doc, prompt in group:
+                self.progress = doc.progress
+                logits, state = self._prompt_state(prompt, chunk=None if len(doc.chunks) > 1 else 0)
+                first_logits.append(logits)
+                states.append(state)
+            batch = State.stack(states)
+            states.clear()
+            generations = self._generate(torch.cat(first_logits), batch, self.words, [(doc, None) for doc, _ in group])
+            del batch
+            for (doc, _), generation in zip(group, generations):
+                doc.summary = trim_to_words(clean_output(generation.text), self.words)
+        for doc, prompt in pairs:
+            if count_words(doc.summary) == 0 and self.s.sampling.temperature != 0:  # greedy would repeat itself
+                self.progress = doc.progress
+                doc.summary = self._final(lambda: self._prompt_state(prompt, chunk=None), attempts=RESTATE_LIMIT)
+
+    def _merge(self, notes: list[str]) -> list[str]:
+        """Notes that do not fit one window are merged in groups until they do."""
         tok = self.s.tokenizer
         while len(notes) > 1 and tok.count("\n\n".join(notes)) > self.chunk_tokens:
             groups, group = [], []
@@ -227,8 +311,7 @@ class ModelSummarizer:
                 group.append(note)
             groups.append(group)
             if len(groups) == len(notes):  # every note alone fills a window: keep what fits
-                notes = notes[:1]
-                break
+                return notes[:1]
             merged = []
             for group in groups:
                 self._phase(None, "merge")
@@ -238,8 +321,9 @@ class ModelSummarizer:
                 self._phase(None, "decode")
                 merged.append(clean_output(self._generate(logits, state, NOTES_WORDS * 2)[0].text))
             notes = [n for n in merged if n]
-        prompt = tok.chat_prompt_ids(REDUCE_PROMPT.format(words=self.words, notes="\n\n".join(notes)))
-        return self._final(lambda: self._prompt_state(prompt, chunk=None))
+        return notes
+
+    # -- stream --------------------------------------------------------------------------------
 
     def _stream(self, chunks: list[Chunk]) -> str:
         model, tok = self.s.model, self.s.tokenizer
@@ -268,9 +352,9 @@ class ModelSummarizer:
 
     # -- the pieces ----------------------------------------------------------------------------
 
-    def _final(self, start: Callable[[], tuple[torch.Tensor, object]]) -> str:
+    def _final(self, start: Callable[[], tuple[torch.Tensor, object]], attempts: int = 1 + RESTATE_LIMIT) -> str:
         """Generate the summary, trim it to the word budget on a sentence end; ask again if unusable."""
-        for _ in range(1 + RESTATE_LIMIT):
+        for _ in range(attempts):
             logits, state = start()
             self._phase(None, "decode")
             text = trim_to_words(clean_output(self._generate(logits, state, self.words)[0].text), self.words)
@@ -292,15 +376,28 @@ class ModelSummarizer:
         release_free_memory()  # chunk after chunk, resident memory stays flat
         return logits
 
-    def _generate(self, logits: torch.Tensor, state, words: int) -> list:
-        """Generate from prefilled `state` (a batch of rows) up to the token budget for `words`."""
+    def _generate(self, logits: torch.Tensor, state, words: int, rows: list | None = None) -> list:
+        """Generate from prefilled `state` up to the token budget for `words`.
+
+        `rows`, for a batch that may span documents: one (document, chunk index or None) per row;
+        the live view and the diagnostics records then name each row's document and chunk, and
+        each document counts its own tokens.
+        """
         budget = int(words * TOKENS_PER_WORD) + 16
-        results = generate_batch(
-            self.s.model, None, state, tokenizer=self.s.tokenizer, stop_ids=self.s.stop_ids,
-            max_new_tokens=budget, sampling=self.s.sampling, first_logits=logits,
-            stop_texts=self.s.tokenizer.stop_texts,  # RWKV: the answer ends where a new round opens
-        )
-        self.progress.counters["tokens_out"] += sum(len(r.token_ids) for r in results)
+        if rows is not None:
+            self.progress.rows = [(doc.name, chunk) for doc, chunk in rows]
+            self._phase(rows[0][1], "decode")
+        try:
+            results = generate_batch(
+                self.s.model, None, state, tokenizer=self.s.tokenizer, stop_ids=self.s.stop_ids,
+                max_new_tokens=budget, sampling=self.s.sampling, first_logits=logits,
+                stop_texts=self.s.tokenizer.stop_texts,  # RWKV: the answer ends where a new round opens
+            )
+        finally:
+            self.progress.rows = None
+        counters = [doc.progress.counters for doc, _ in rows] if rows is not None else [self.progress.counters] * len(results)
+        for counter, result in zip(counters, results):
+            counter["tokens_out"] += len(result.token_ids)
         release_free_memory()
         return results
 
@@ -313,8 +410,8 @@ class ModelSummarizer:
         if self.diagnostics is not None:
             for layer in report.layers:
                 record = {
-                    "input": self.progress.input,
-                    "chunk": self.progress.rows[report.sequence] if self.progress.rows else self.progress.chunk,
+                    "input": self.progress.rows[report.sequence][0] if self.progress.rows else self.progress.input,
+                    "chunk": self.progress.rows[report.sequence][1] if self.progress.rows else self.progress.chunk,
                     "phase": report.phase,
                     "layer": layer.layer,
                     "kind": layer.kind,

@@ -188,31 +188,63 @@ def run(
             summarizer = make_summarizer(settings, ui)
         return summarizer
 
-    results: list[Result] = []
+    results: dict[int, Result] = {}
+    pending: list[tuple[int, Job, str, float]] = []  # read, waiting to be summarized together
     printed = 0
-    for i, job in enumerate(plan.jobs, 1):
-        ui.file_started(job.label, i, len(plan.jobs))
-        result = _process(job, settings, get_summarizer, ui=ui, force=force)
+
+    def finish(index: int, job: Job, result: Result) -> None:
+        nonlocal printed
         if result.summary is not None and (json_lines or job.output is None):
-            _emit(stdout, job, result, json_lines=json_lines, header=plan.headers,
-                  first=not printed)
+            _emit(stdout, job, result, json_lines=json_lines, header=plan.headers, first=not printed)
             printed += 1
         ui.file_finished(result)
-        results.append(result)
-    if len(results) > 1:
-        ui.results_table(results)
-    return results
+        results[index] = result
+
+    def summarize_pending() -> None:
+        outcomes = _summarize_all(get_summarizer(), [(text, job.label) for _, job, text, _ in pending])
+        for (index, job, _, start), outcome in zip(pending, outcomes):
+            finish(index, job, _written(job, outcome, settings, ui=ui, start=start))
+        pending.clear()
+
+    for index, job in enumerate(plan.jobs):
+        ui.file_started(job.label, index + 1, len(plan.jobs))
+        start = time.perf_counter()
+        prepared = _read(job, settings, ui=ui, force=force, start=start)
+        if isinstance(prepared, Result):  # prints nothing on stdout: the order there is kept
+            finish(index, job, prepared)
+            continue
+        pending.append((index, job, prepared, start))
+        # documents are summarized together when the summarizer can batch them (map-reduce
+        # decodes several documents' chunks at once); stdout keeps the inputs' order
+        if len(pending) >= getattr(get_summarizer(), "documents_per_batch", 1):
+            summarize_pending()
+    if pending:
+        summarize_pending()
+    ordered = [results[i] for i in range(len(plan.jobs))]
+    if len(ordered) > 1:
+        ui.results_table(ordered)
+    return ordered
 
 
-def _process(
-    job: Job,
-    settings: Settings,
-    get_summarizer: Callable[[], Summarizer],
-    *,
-    ui: RichUI,
-    force: bool,
-) -> Result:
-    start = time.perf_counter()
+def _summarize_all(summarizer: Summarizer, documents: list[tuple[str, str]]) -> list[Summary | Exception]:
+    """Each (text, name)'s summary or the exception it raised."""
+    many = getattr(summarizer, "summarize_documents", None)
+    if many is not None and len(documents) > 1:
+        try:
+            return many(documents)
+        except Exception as exc:  # the batch as a whole failed: every document in it did
+            return [exc] * len(documents)
+    outcomes: list[Summary | Exception] = []
+    for text, name in documents:
+        try:
+            outcomes.append(summarizer.summarize(text, name=name))
+        except Exception as exc:  # one input's failure, whatever it is, must not end the run
+            outcomes.append(exc)
+    return outcomes
+
+
+def _read(job: Job, settings: Settings, *, ui: RichUI, force: bool, start: float) -> str | Result:
+    """The job's text, or its Result when it ends here (skipped, or failed to read)."""
     try:
         if job.problem:
             raise SummarizeError(job.problem)
@@ -221,14 +253,27 @@ def _process(
         text = extract_text(job.input, password=settings.password, verbose=settings.verbose)
         if not text.strip():
             raise SummarizeError("no text to summarize")
-        summary = get_summarizer().summarize(text, name=job.label)
-        if job.output is not None:
-            write_atomic(job.output, _file_text(summary, settings, job.output))
-        return Result(job.label, "ok", "", job.output, summary, time.perf_counter() - start)
+        return text
     except Exception as exc:  # one input's failure, whatever it is, must not end the run
-        reason = _reason(exc, job)
-        ui.error(f"{job.label}: {reason}", exc=exc)
-        return Result(job.label, "failed", reason, job.output, None, time.perf_counter() - start)
+        return _failed(job, exc, ui=ui, start=start)
+
+
+def _written(job: Job, outcome: Summary | Exception, settings: Settings, *, ui: RichUI, start: float) -> Result:
+    """Write a summary to the job's output (if it has one); the job's Result."""
+    try:
+        if isinstance(outcome, Exception):
+            raise outcome
+        if job.output is not None:
+            write_atomic(job.output, _file_text(outcome, settings, job.output))
+        return Result(job.label, "ok", "", job.output, outcome, time.perf_counter() - start)
+    except Exception as exc:
+        return _failed(job, exc, ui=ui, start=start)
+
+
+def _failed(job: Job, exc: Exception, *, ui: RichUI, start: float) -> Result:
+    reason = _reason(exc, job)
+    ui.error(f"{job.label}: {reason}", exc=exc)
+    return Result(job.label, "failed", reason, job.output, None, time.perf_counter() - start)
 
 
 def _reason(exc: Exception, job: Job) -> str:

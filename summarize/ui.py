@@ -67,7 +67,7 @@ class RichUI:
             )
             self._task = self._progress.add_task(name, total=n)
             self._start_live()
-        self._progress.update(self._task, description=name, completed=i - 1)
+        self._progress.update(self._task, description=name)  # finished files advance the bar
 
     def _start_live(self) -> None:
         """One live display for everything (rich allows one at a time): files bar, state view."""

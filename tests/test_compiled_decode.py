@@ -71,18 +71,19 @@ def test_compiled_steps_equal_eager_steps_with_their_diagnostics(models):
                     assert got == pytest.approx(want, rel=1e-4)
 
 
-def test_compiled_batch_of_stacked_states_equals_eager(models):
+@pytest.mark.parametrize("lengths", [(9, 31), (9, 31, 20)])  # rows streamed; rows through the GEMM
+def test_compiled_batch_of_stacked_states_equals_eager(models, lengths):
     """Rows that read different lengths (padded KV caches, per-row positions), as map-reduce decodes."""
     eager, compiled = models
     rows = {}
     for name, model in (("eager", eager), ("compiled", compiled)):
         singles = []
-        for length in (9, 31):
+        for length in lengths:
             state = model.new_state(1)
             model.prefill(prompt(length, seed=length), state)
             singles.append(state)
         batch = State.stack(singles)
-        rows[name] = [model.decode(torch.tensor([4, 8]), batch) for _ in range(3)]
+        rows[name] = [model.decode(torch.tensor([4, 8, 1][: len(lengths)]), batch) for _ in range(3)]
     for got, want in zip(rows["compiled"], rows["eager"]):
         assert_close(got, want)
 

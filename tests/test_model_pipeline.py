@@ -173,3 +173,39 @@ def test_int8_is_refused_for_an_rwkv_checkpoint(tmp_path):
     proc = run_cli("-", "-m", str(checkpoint), "--quantize", "int8", stdin="Some text. " * 20)
     assert "--quantize int8 is for Qwen3.5 models" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_documents_share_their_decode_batches(model_dir, monkeypatch):
+    """Several documents go through map-reduce together: notes of chunks from different documents
+    decode in one batch, and so do the documents' final summaries."""
+    import summarize.abstractive as abstractive
+
+    session = load_session(Settings(model=str(model_dir), device="cpu", dtype="float32"), lambda msg: None)
+    summarizer = ModelSummarizer(session, words=25, chunk_tokens=300, overlap=32)
+    text = sorted(SAMPLES.glob("*.txt"))[0].read_text()
+    documents = [(text[:1500], "a"), (text[3000:4500], "b"), ("", "empty"), (text[6000:6400], "c")]
+    batches = []
+    real = abstractive.generate_batch
+
+    def recording(model, prompts, state, **kwargs):
+        batches.append(state.batch_size)
+        return real(model, prompts, state, **kwargs)
+
+    monkeypatch.setattr(abstractive, "generate_batch", recording)
+    # what each document went through, whatever the random model wrote
+    monkeypatch.setattr(ModelSummarizer, "_summary", lambda self, doc: doc)
+    assert summarizer.documents_per_batch == summarizer.map_batch > 3
+    a, b, empty, c = summarizer.summarize_documents(documents)
+
+    assert isinstance(empty, Exception) and "no text to summarize" in str(empty)
+    assert [d.name for d in (a, b, c)] == ["a", "b", "c"]
+    chunks = [len(d.chunks) for d in (a, b, c)]
+    assert chunks[0] > 1 and chunks[1] > 1 and chunks[2] == 1
+    # one batch for every chunk's notes (a's and b's), then one for the three final summaries
+    assert batches[:2] == [chunks[0] + chunks[1], 3]
+    counters = [d.progress.counters for d in (a, b, c)]
+    # the instruction prefix is prefilled once for all documents; each chunk restores it once
+    assert sum(c["prefix_prefills"] for c in counters) == 1
+    assert [c["restores"] for c in counters] == [chunks[0], chunks[1], 0]
+    assert all(c["tokens_out"] > 0 and c["tokens_in"] > 0 for c in counters)
+    assert all(count_words(d.summary) <= 25 for d in (a, b, c))

@@ -2,10 +2,10 @@
 
 Eagerly, `linear` is `F.linear`. Inside `torch.compile` it is a multiply-and-sum over the input
 dimension, which inductor turns into one pass over the weight rows with the conversion to fp32
-fused in. With one or a few input rows (decode) that reads the weights much faster than torch's
-CPU GEMM, which is built for many rows (measured on a 2-core Zen 4, 0.8B shape, bf16: the
-248K × 1024 head 32.8 → 12.9 ms; all layers and the head 80 → 51 ms). Prefill never goes
-through the compiled path.
+fused in. With one or two input rows (decoding one or two sequences) that reads the weights much
+faster than torch's CPU GEMM, which is built for many rows (measured on a 2-core Zen 4, 0.8B
+shape, bf16: the 248K × 1024 head 32.8 → 12.9 ms; all layers and the head 80 → 51 ms). Prefill
+never goes through the compiled path.
 
 `Projection` holds one weight matrix, either in the model's dtype or as int8 with one scale per
 output row (weight-only quantization: activations stay in the model's dtype).
@@ -18,20 +18,24 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 INT8_MAX = 127
+# Up to this many input rows a compiled step streams the weights itself; with more, the per-row
+# work makes the loop compute-bound and torch's GEMM wins (0.8B shape, bf16, ms per step: B=2
+# 74 streamed vs 97 GEMM; B=4 125 vs 106; B=8 246 vs 136).
+STREAMED_MAX_ROWS = 2
 INT8_PACKED_MAX_ROWS = 16  # up to this many input rows, eager int8 uses torch's packed int8 GEMV
 QUANTIZE_BLOCK_ROWS = 8192  # rows quantized at a time: bounded fp32 temporaries
 
 
 def linear(x: Tensor, weight: Tensor) -> Tensor:
     """x [..., K] times weight [N, K] transposed → [..., N] in x's dtype, accumulated in fp32."""
-    if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling() or x.numel() // x.shape[-1] > STREAMED_MAX_ROWS:
         return F.linear(x, weight)
     return _streamed(x, weight, None)
 
 
 def linear_int8(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     """x [..., K] times (weight int8 [N, K] · scale [N]) transposed → [..., N] in x's dtype."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() and x.numel() // x.shape[-1] <= STREAMED_MAX_ROWS:
         return _streamed(x, weight, scale)
     rows = x.reshape(-1, x.shape[-1])
     if rows.shape[0] <= INT8_PACKED_MAX_ROWS and x.device.type == "cpu":
@@ -40,8 +44,24 @@ def linear_int8(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     return F.linear(x, weight * scale[:, None])  # many rows: compute-bound, dequantize first
 
 
+@torch.library.custom_op("summarize::rows_fp32", mutates_args=())
+def rows_fp32(x: Tensor) -> Tensor:
+    """x [..., K] as a new fp32 tensor [rows, K].
+
+    An op of its own so that inductor computes the input once, before the projection's loop:
+    left to itself it inlines whatever produced x (an RMSNorm, say) into the loop over the
+    weight rows, and recomputes it for every row (measured: the head 11 → 19 ms).
+    """
+    return x.reshape(-1, x.shape[-1]).to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+
+
+@rows_fp32.register_fake
+def _(x: Tensor) -> Tensor:
+    return x.new_empty((x.numel() // x.shape[-1], x.shape[-1]), dtype=torch.float32)
+
+
 def _streamed(x: Tensor, weight: Tensor, scale: Tensor | None) -> Tensor:
-    rows = x.reshape(-1, x.shape[-1]).float()
+    rows = rows_fp32(x)
     # [N, rows, K] summed over K: the loop runs over weight rows outermost, so each one is read
     # from memory once however many input rows there are.
     out = (weight.float()[:, None, :] * rows[None]).sum(-1)
