@@ -271,15 +271,16 @@ class ModelSummarizer:
         """The final summary of each document (from its notes, or its one chunk), decoded in
         batches across documents; a document whose answer is unusable is asked again alone."""
         tok = self.s.tokenizer
-        prompts = []
+        pairs = []
         for doc in docs:
             self.progress = doc.progress
             if len(doc.chunks) == 1:  # a document that fits one window is summarized directly
                 text = SINGLE_INSTRUCTION.format(words=self.words) + doc.chunks[0].text
-            else:
+            elif doc.notes:
                 text = REDUCE_PROMPT.format(words=self.words, notes="\n\n".join(self._merge(doc.notes)))
-            prompts.append(tok.chat_prompt_ids(text))
-        pairs = list(zip(docs, prompts))
+            else:  # no chunk gave usable notes: nothing to summarize from (the fallback takes over)
+                continue
+            pairs.append((doc, tok.chat_prompt_ids(text)))
         for start in range(0, len(pairs), self.map_batch):
             group = pairs[start : start + self.map_batch]
             states, first_logits = [], []

@@ -18,7 +18,7 @@ from summarize.engine import compiled_decode, qwen3_5, rwkv7
 from summarize.engine.memory import release_free_memory
 from summarize.errors import SummarizeError
 
-FAMILIES = (qwen3_5, rwkv7)  # each module: MODEL_TYPES and build(config, checkpoint, device=, dtype=)
+FAMILIES = (qwen3_5, rwkv7)  # each module: MODEL_TYPES and build(config, checkpoint, device=, dtype=, quantize=)
 
 QUANTIZE_MODES = (None, "int8")
 
@@ -178,7 +178,7 @@ def load_model(
     if path.suffix == ".pth":
         if not path.is_file():
             raise ModelNotAvailable(f"{source}: no such checkpoint file")
-        if quantize:
+        if quantize:  # said before reading a multi-gigabyte file
             raise SummarizeError(f"--quantize {quantize} is for Qwen3.5 models; RWKV-7 runs in {dtype}")
         model = rwkv7.build({}, TorchCheckpoint(path), device=device, dtype=dtype)
         model.source = path.parent
@@ -190,13 +190,9 @@ def load_model(
     if family is None:
         supported = ", ".join(t for f in FAMILIES for t in f.MODEL_TYPES)
         raise SummarizeError(f"{folder}: unsupported model_type {model_type!r} (supported: {supported})")
-    model = family.build(config, Checkpoint(folder), device=device, dtype=dtype)
+    model = family.build(config, Checkpoint(folder), device=device, dtype=dtype, quantize=quantize)
     model.source = folder
-    if quantize == "int8":
-        if not hasattr(model, "quantize_int8"):
-            raise SummarizeError(f"--quantize {quantize} is for Qwen3.5 models")
-        model.quantize_int8()
-        release_free_memory()
+    release_free_memory()  # what loading (and quantizing) freed goes back to the OS
     weight_bytes = sum(b.nbytes for b in model.buffers())
     if compile if compile is not None else compiled_decode.wanted(model, device, weight_bytes):
         model.compile_decode()

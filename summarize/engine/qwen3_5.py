@@ -412,14 +412,17 @@ class Qwen35Model(nn.Module):
 
     family = "qwen3_5"
 
-    def __init__(self, cfg: Qwen35Config, take: Take, *, fused_experts: bool = True) -> None:
+    def __init__(self, cfg: Qwen35Config, take: Take, *, fused_experts: bool = True, int8: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed = Projection(take("embed_tokens.weight"))
-        self.compute_dtype = self.embed.weight.dtype
-        self.layers = nn.ModuleList(DecoderLayer(cfg, take, i, fused_experts) for i in range(len(cfg.layer_types)))
+        # int8: each part is quantized as soon as it is built, so the full-precision weights
+        # never exist all at once (peak memory: the int8 model plus one part)
+        built = _quantized if int8 else (lambda module: module)
+        self.embed = built(Projection(take("embed_tokens.weight")))
+        self.compute_dtype = self.embed.scale.dtype if int8 else self.embed.weight.dtype
+        self.layers = nn.ModuleList(built(DecoderLayer(cfg, take, i, fused_experts)) for i in range(len(cfg.layer_types)))
         self.register_buffer("final_norm", 1.0 + take("norm.weight").float())
-        self.lm_head = self.embed if cfg.tie_word_embeddings else Projection(take("lm_head.weight"))
+        self.lm_head = self.embed if cfg.tie_word_embeddings else built(Projection(take("lm_head.weight")))
         rotary_dim = int(cfg.head_dim * cfg.partial_rotary_factor)
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
         self.register_buffer("inv_freq", inv_freq.to(self.embed.weight.device))
@@ -433,15 +436,6 @@ class Qwen35Model(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.embed.weight.device
-
-    def quantize_int8(self) -> None:
-        """Weight-only int8: every projection (and the embedding table) as int8 with per-row scales.
-
-        The experts of an MoE model stay in the model's dtype.
-        """
-        for module in self.modules():
-            if isinstance(module, Projection):
-                module.quantize_int8()
 
     def compile_decode(self) -> bool:
         """Run single-token steps through torch.compile from now on (see `compiled_decode`)."""
@@ -516,6 +510,15 @@ class Qwen35Model(nn.Module):
         report_span(stats, state, phase, tokens, self.listener)
 
 
+def _quantized(module: nn.Module) -> nn.Module:
+    """Weight-only int8: every projection in `module` (the embedding table too) as int8 with
+    per-row scales. The experts of an MoE model stay in the model's dtype."""
+    for part in module.modules():
+        if isinstance(part, Projection):
+            part.quantize_int8()
+    return module
+
+
 def _layer_step(layer: DecoderLayer, x: Tensor, layer_state: LayerState, rotary, with_stats: bool):
     return layer(x, layer_state, rotary, with_stats)
 
@@ -533,7 +536,7 @@ TEXT_PREFIXES = ("model.language_model.", "model.", "")  # VLM checkpoint, Causa
 FP32_TENSORS = ("A_log", "dt_bias")  # decay parameters stay fp32 whatever the weight dtype
 
 
-def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype) -> Qwen35Model:
+def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype, quantize: str | None = None) -> Qwen35Model:
     """Build the model from a `Checkpoint`, checking every tensor's name and shape on the way."""
     cfg = Qwen35Config.from_dict(config)
     prefix = next((p for p in TEXT_PREFIXES if p + "embed_tokens.weight" in checkpoint), None)
@@ -552,4 +555,4 @@ def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype)
         target = torch.float32 if name.endswith(FP32_TENSORS) else dtype
         return tensor.to(device=device, dtype=target)
 
-    return Qwen35Model(cfg, take, fused_experts=fused)
+    return Qwen35Model(cfg, take, fused_experts=fused, int8=quantize == "int8")

@@ -357,13 +357,16 @@ class RWKV7Model(nn.Module):
 EMBED_FOLD_ROWS = 8192  # ln0 is folded into the embedding this many rows at a time (bounded fp32 copy)
 
 
-def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype) -> RWKV7Model:
+def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype, quantize: str | None = None) -> RWKV7Model:
     """Build the model from a checkpoint in BlinkDL's (`.pth`) or flash-linear-attention's layout.
 
     `checkpoint` answers `name in checkpoint`, `names()`, `shape(name)` and `read(name)` and has a
     `folder` for messages; `config` is config.json ({} for a `.pth`). Every tensor's name and shape
     is checked, and a tensor the model does not know is an error (a variant we do not implement).
     """
+    if quantize:
+        raise SummarizeError(f"--quantize {quantize} is for Qwen3.5 models; RWKV-7 runs in {dtype}")
+
     def blinkdl_name(name: str) -> tuple[str, bool]:  # BlinkDL's names are the canonical ones
         return name, False
 
