@@ -196,7 +196,7 @@ def ours_worker(args, dtype: torch.dtype) -> dict:
             return token
 
         for batch in sorted({1, args.batch}):
-            rows = State.stack([state] * batch) if batch > 1 else state
+            rows = State.stack([state] * batch)
             first = token.expand(batch).contiguous()
             steps(rows, first, WARMUP_STEPS)
             times = [timed(lambda: steps(rows, first, args.decode_tokens)) for _ in range(args.repeats)]

@@ -429,11 +429,7 @@ class ModelSummarizer:
 
 def map_batch_size(model, chunk_tokens: int) -> int:
     """How many chunk states fit in MAP_BATCH_MEMORY_SHARE of the weight bytes (1 to MAX_MAP_BATCH)."""
-    seen, weight_bytes = set(), 0
-    for buffer in model.buffers():
-        if buffer.data_ptr() not in seen:
-            seen.add(buffer.data_ptr())
-            weight_bytes += buffer.numel() * buffer.element_size()
+    weight_bytes = sum(buffer.nbytes for buffer in model.buffers())  # a tied table counts once
     probe = model.new_state(1)
     kv_per_token = sum(2 * l.keys.shape[1] * l.keys.shape[3] * l.keys.element_size() for l in probe.layers if hasattr(l, "keys"))
     row_bytes = probe.recurrent_nbytes + kv_per_token * (chunk_tokens + 256)  # + prompt around the chunk

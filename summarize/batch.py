@@ -201,7 +201,12 @@ def run(
         results[index] = result
 
     def summarize_pending() -> None:
-        outcomes = _summarize_all(get_summarizer(), [(text, job.label) for _, job, text, _ in pending])
+        try:
+            summarizer = get_summarizer()
+        except Exception as exc:  # the model could not be loaded: each waiting input fails with it
+            outcomes: list[Summary | Exception] = [exc] * len(pending)
+        else:
+            outcomes = _summarize_all(summarizer, [(text, job.label) for _, job, text, _ in pending])
         for (index, job, _, start), outcome in zip(pending, outcomes):
             finish(index, job, _written(job, outcome, settings, ui=ui, start=start))
         pending.clear()
@@ -216,7 +221,11 @@ def run(
         pending.append((index, job, prepared, start))
         # documents are summarized together when the summarizer can batch them (map-reduce
         # decodes several documents' chunks at once); stdout keeps the inputs' order
-        if len(pending) >= getattr(get_summarizer(), "documents_per_batch", 1):
+        try:
+            per_batch = getattr(get_summarizer(), "documents_per_batch", 1)
+        except Exception:  # reported per input by summarize_pending
+            per_batch = 1
+        if len(pending) >= per_batch:
             summarize_pending()
     if pending:
         summarize_pending()

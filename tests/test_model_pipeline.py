@@ -173,6 +173,7 @@ def test_int8_is_refused_for_an_rwkv_checkpoint(tmp_path):
     proc = run_cli("-", "-m", str(checkpoint), "--quantize", "int8", stdin="Some text. " * 20)
     assert "--quantize int8 is for Qwen3.5 models" in proc.stderr
     assert "Traceback" not in proc.stderr
+    assert proc.returncode == 1 and "unexpected" not in proc.stderr  # the input's own error line
 
 
 def test_documents_share_their_decode_batches(model_dir, monkeypatch):

@@ -386,3 +386,12 @@ def test_truncated_weights_file_is_a_clear_error(dense, tmp_path):
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     with pytest.raises(SummarizeError, match="truncated"):
         load_model(folder, device="cpu", dtype=torch.float32)
+
+
+def test_a_single_state_stacks_as_itself(dense):
+    """One row is already a batch: no copy, no padding, no per-row positions."""
+    _, model = dense
+    state = model.new_state(1)
+    model.prefill(random_ids(1, 7), state)
+    assert type(state).stack([state]) is state
+    assert state.row_positions is None

@@ -179,7 +179,7 @@ def load_model(
         if not path.is_file():
             raise ModelNotAvailable(f"{source}: no such checkpoint file")
         if quantize:  # said before reading a multi-gigabyte file
-            raise SummarizeError(f"--quantize {quantize} is for Qwen3.5 models; RWKV-7 runs in {dtype}")
+            raise SummarizeError(f"--quantize {quantize} is for Qwen3.5 models; RWKV-7 runs in {str(dtype).removeprefix('torch.')}")
         model = rwkv7.build({}, TorchCheckpoint(path), device=device, dtype=dtype)
         model.source = path.parent
         return model

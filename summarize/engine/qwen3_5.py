@@ -285,7 +285,7 @@ class GatedAttention(nn.Module):
 @torch.compiler.disable  # the cache's length changes every step: kept out of compiled graphs
 def attend(q: Tensor, k: Tensor, v: Tensor, cache: KVCache) -> Tensor:
     """Append k, v [B, H_kv, T, D] to the cache and attend with q [B, H, T, D] → [B, H, T, D]."""
-    B, _, T, _ = q.shape
+    T = q.shape[2]
     past = cache.length
     keys, values = cache.append(k, v)
     if T == 1 and cache.pad is None:

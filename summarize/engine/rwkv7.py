@@ -365,7 +365,7 @@ def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype,
     is checked, and a tensor the model does not know is an error (a variant we do not implement).
     """
     if quantize:
-        raise SummarizeError(f"--quantize {quantize} is for Qwen3.5 models; RWKV-7 runs in {dtype}")
+        raise SummarizeError(f"--quantize {quantize} is for Qwen3.5 models; RWKV-7 runs in {str(dtype).removeprefix('torch.')}")
 
     def blinkdl_name(name: str) -> tuple[str, bool]:  # BlinkDL's names are the canonical ones
         return name, False

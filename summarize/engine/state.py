@@ -135,8 +135,11 @@ class State:
         """One batch from batch-1 states that may have read different lengths (for batched decode).
 
         Recurrent tensors are concatenated; KV caches are right-aligned, the unused start of each
-        row is marked as padding, and each row keeps its own rotary position.
+        row is marked as padding, and each row keeps its own rotary position. A single state is
+        already a batch: it comes back as it is, without a copy, padding or per-row positions.
         """
+        if len(states) == 1:
+            return states[0]
         layers: list[LayerState] = []
         for per_row in zip(*(state.layers for state in states)):
             first = per_row[0]
