@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from summarize.engine import compiled_decode, qwen3_5, rwkv7
+from summarize.engine import compiled, qwen3_5, rwkv7
 from summarize.engine.memory import release_free_memory
 from summarize.errors import SummarizeError
 
@@ -166,7 +166,7 @@ def load_model(
 ):
     """Load a recurrent-state model from a local folder, a hub id or an RWKV-7 `.pth` file (design §5).
 
-    `compile`: run decode steps through torch.compile (`compiled_decode`); None decides by the
+    `compile`: run prefill and decode steps through torch.compile (`compiled`); None decides by the
     environment (SUMMARIZE_COMPILE) and the model's size. `quantize="int8"`: weight-only int8
     (Qwen3.5 models).
     """
@@ -194,8 +194,8 @@ def load_model(
     model.source = folder
     release_free_memory()  # what loading (and quantizing) freed goes back to the OS
     weight_bytes = sum(b.nbytes for b in model.buffers())
-    if compile if compile is not None else compiled_decode.wanted(model, device, weight_bytes):
-        model.compile_decode()
+    if compile if compile is not None else compiled.wanted(model, device, weight_bytes):
+        model.compile_steps()
     return model
 
 

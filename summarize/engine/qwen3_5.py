@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from summarize.engine.compiled_decode import CompiledDecode, compile_decode
+from summarize.engine.compiled import CompiledSteps, compile_steps
 from summarize.engine.diagnostics import Listener, merge_block_stats, report_span
 from summarize.engine.ops.gated_delta_rule import (
     DeltaRuleStats,
-    chunk_gated_delta_rule,
+    chunk_rule_op,
     recurrent_step_gated_delta_rule,
 )
 from summarize.engine.ops.linear import Projection
@@ -234,11 +234,9 @@ class GatedDeltaNet(nn.Module):
             o, stats = step if with_stats else (step, None)
             o = o[:, None]
         else:
-            o, final, stats = chunk_gated_delta_rule(
-                q=q, k=k, v=v, g=g, beta=beta, initial_state=state.matrix, chunk_size=GDN_CHUNK_TOKENS,
-                with_stats=with_stats,
-            )
+            o, final, *stats = chunk_rule_op(q, k, v, g, beta, state.matrix, GDN_CHUNK_TOKENS)
             state.matrix.copy_(final)
+            stats = DeltaRuleStats(*stats) if with_stats else None
         # gated RMSNorm per head (not zero-centred): x̂ · w · silu(z)
         o = F.rms_norm(o.float(), (self.v_dim,), self.norm.float(), self.eps)
         o = o * F.silu(z.float().view(B, T, self.num_v_heads, self.v_dim))
@@ -427,7 +425,7 @@ class Qwen35Model(nn.Module):
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
         self.register_buffer("inv_freq", inv_freq.to(self.embed.weight.device))
         self.listener: Listener | None = None
-        self.compiled: CompiledDecode | None = None  # set by `compile_decode`
+        self.compiled: CompiledSteps | None = None  # set by `compile_steps`
 
     @property
     def dtype(self) -> torch.dtype:
@@ -437,9 +435,9 @@ class Qwen35Model(nn.Module):
     def device(self) -> torch.device:
         return self.embed.weight.device
 
-    def compile_decode(self) -> bool:
-        """Run single-token steps through torch.compile from now on (see `compiled_decode`)."""
-        return compile_decode(self, _layer_step, _head)
+    def compile_steps(self) -> bool:
+        """Run prefill and decode steps through torch.compile from now on (see `compiled`)."""
+        return compile_steps(self, _layer_step, _head)
 
     def new_state(self, batch_size: int = 1) -> State:
         cfg, dev = self.cfg, self.device
@@ -497,7 +495,9 @@ class Qwen35Model(nn.Module):
         with_stats = phase == "prefill" or self.listener is not None
         x = self.embed.rows(input_ids)
         stats: list = []
-        step = self.compiled.layer if self.compiled is not None and T == 1 else _layer_step
+        step = _layer_step
+        if self.compiled is not None:
+            step = self.compiled.decode_layer if T == 1 else self.compiled.prefill_layer
         for layer, layer_state in zip(self.layers, state.layers):
             x, layer_stats = step(layer, x, layer_state, rotary, with_stats)
             stats.append((T, layer_stats) if layer.kind == "linear_attention" else None)

@@ -30,6 +30,7 @@ from torch import Tensor
 __all__ = [
     "DeltaRuleStats",
     "chunk_gated_delta_rule",
+    "chunk_rule_op",
     "naive_recurrent_gated_delta_rule",
     "recurrent_step_gated_delta_rule",
 ]
@@ -163,6 +164,32 @@ def chunk_gated_delta_rule(
             delta_norm=delta_sum / T,
         )
     return out, (final if output_final_state else None), stats
+
+
+@torch.library.custom_op("summarize::chunk_gated_delta_rule", mutates_args=())
+def chunk_rule_op(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, chunk_size: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``chunk_gated_delta_rule`` from ``state`` with its stats, as one opaque op.
+
+    What a compiled prefill step calls: the graph around it stays whole, and the op (a Python loop
+    over chunks) runs as it does eagerly. Returns o, the final state, state_norm, gate_mean and
+    delta_norm.
+    """
+    o, final, stats = chunk_gated_delta_rule(
+        q=q, k=k, v=v, g=g, beta=beta, initial_state=state, chunk_size=chunk_size, with_stats=True
+    )
+    return o, final, stats.state_norm, stats.gate_mean, stats.delta_norm
+
+
+@chunk_rule_op.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, chunk_size: int):
+    B = q.shape[0]
+    per_row = q.new_empty((B,), dtype=torch.float32)
+    return (
+        v.new_empty(v.shape), state.new_empty(state.shape, dtype=torch.float32),
+        per_row, torch.empty_like(per_row), torch.empty_like(per_row),
+    )
 
 
 # Token x head rows per block of chunks. On CPU: enough for efficient batched products, few enough

@@ -1,4 +1,4 @@
-"""A compiled decode step computes what the eager one does, and falls back to it cleanly.
+"""Compiled prefill and decode steps compute what the eager ones do, and fall back to them cleanly.
 
 Tolerance: fp32 logits within 1e-4 of the largest logit (the compiled projections sum in a
 different order from torch's GEMM); diagnostics within 1e-4 relative.
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from summarize.engine import State, load_model
-from summarize.engine import compiled_decode
+from summarize.engine import compiled
 from tiny_models import dense_reference, save_checkpoint
 
 REL_TOL = 1e-4
@@ -71,6 +71,39 @@ def test_compiled_steps_equal_eager_steps_with_their_diagnostics(models):
                     assert got == pytest.approx(want, rel=1e-4)
 
 
+@pytest.mark.parametrize("length", [2, 45, 70])  # shortest; chunks of the delta rule and a rest
+def test_compiled_prefill_equals_eager_prefill_with_its_diagnostics(models, length):
+    """One graph per layer kind serves every length: logits, state and diagnostics as eager."""
+    eager, compiled = models
+    runs = {}
+    for name, model in (("eager", eager), ("compiled", compiled)):
+        state, spans = model.new_state(1), []
+        model.prefill(prompt(7, seed=2), state)  # a state that has read before: not from zeros
+        model.listener = spans.append
+        try:
+            runs[name] = (model.prefill(prompt(length, seed=length), state), state, spans)
+        finally:
+            model.listener = None
+    (want, eager_state, eager_spans), (got, state, spans) = runs["eager"], runs["compiled"]
+    assert_close(got, want)
+    for got_layer, want_layer in zip(state.layers, eager_state.layers):
+        for name, tensor in got_layer.tensors().items():
+            assert_close(tensor, want_layer.tensors()[name])
+    [span], [eager_span] = spans, eager_spans
+    for layer, eager_layer in zip(span.layers, eager_span.layers):
+        for field in ("state_norm", "gate_mean", "delta_norm"):
+            got, want = getattr(layer, field), getattr(eager_layer, field)
+            assert (got is None) == (want is None)
+            if want is not None:
+                assert got == pytest.approx(want, rel=1e-4)
+
+
+def test_compiled_full_logits_equal_eager(models):
+    eager, compiled = models
+    ids = prompt(40, seed=4)
+    assert_close(compiled(ids, compiled.new_state(1)), eager(ids, eager.new_state(1)))
+
+
 @pytest.mark.parametrize("lengths", [(9, 31), (9, 31, 20)])  # rows streamed; rows through the GEMM
 def test_compiled_batch_of_stacked_states_equals_eager(models, lengths):
     """Rows that read different lengths (padded KV caches, per-row positions), as map-reduce decodes."""
@@ -98,7 +131,7 @@ def test_a_compiler_failure_leaves_the_model_eager(folder, monkeypatch, capsys):
     monkeypatch.setattr(torch, "compile", broken_compile)
     model = load_model(folder, device="cpu", dtype=torch.float32, compile=True)
     assert model.compiled is None
-    assert "decoding without torch.compile (no C++ compiler found)" in capsys.readouterr().err
+    assert "running without torch.compile (no C++ compiler found)" in capsys.readouterr().err
     state = model.new_state(1)
     model.prefill(prompt(5, seed=3), state)
     assert torch.isfinite(model.decode(torch.tensor([1]), state)).all()
@@ -111,9 +144,9 @@ def test_a_compiler_failure_leaves_the_model_eager(folder, monkeypatch, capsys):
         ("", "cpu", 2**20, False),  # a tiny one: compiling costs more than it saves
         ("1", "cpu", 2**20, True),
         ("0", "cpu", 2**30, False),
-        ("", "cuda", 2**30, False),  # GPU decode keeps the eager path
+        ("", "cuda", 2**30, False),  # the GPU keeps the eager path
     ],
 )
-def test_when_decode_is_compiled(models, monkeypatch, env, device, weight_bytes, expected):
-    monkeypatch.setenv(compiled_decode.ENV, env)
-    assert compiled_decode.wanted(models[0], torch.device(device), weight_bytes) is expected
+def test_when_steps_are_compiled(models, monkeypatch, env, device, weight_bytes, expected):
+    monkeypatch.setenv(compiled.ENV, env)
+    assert compiled.wanted(models[0], torch.device(device), weight_bytes) is expected
