@@ -25,9 +25,9 @@ Method
 - Prefill: one short warm-up call, then --repeats timed calls on a fresh state; the median.
   Transformers runs `model(ids, use_cache=True, logits_to_keep=1)`.
 - Decode: one prompt of --decode-prompt tokens, two warm-up steps, then --repeats runs of
-  --decode-tokens greedy steps (the context grows by those few tokens from run to run). Steps
-  run as `summarize` runs them: compiled (torch.compile) for a model of this size; compiling
-  happens while loading and in the warm-up steps, outside the timings.
+  --decode-tokens greedy steps (the context grows by those few tokens from run to run).
+- Prefill and decode steps run as `summarize` runs them: compiled (torch.compile) for a model of
+  this size; compiling happens while loading and in the warm-up calls, outside the timings.
 - int8: weight-only int8 (`--quantize int8`), bf16 activations; transformers has no such row.
 - Batched decode: the prompt's state stacked B times (`State.stack`, as batched summaries do).
 - Diagnostics: prefill of --diag-length tokens with the per-chunk stats switched off (patched),
@@ -502,7 +502,7 @@ def report(args, lengths: list[int], limits: dict, results: dict) -> None:
                 f"decode reads {decode_bytes(costs, args.decode_prompt) / 1e9:.3f} GB/token; state "
                 f"{costs['recurrent_bytes'] / 2**20:.1f} MiB recurrent + {costs['kv_bytes_per_token'] / 1024:.1f} KiB "
                 f"KV per token; our process before loading (torch imported) {ours[0]['baseline_rss'] / 1e9:.2f} GB; "
-                f"decode steps {'compiled' if ours[0].get('compiled') else 'eager'}."
+                f"prefill and decode steps {'compiled' if ours[0].get('compiled') else 'eager'}."
             )
     shape = "tiny" if args.tiny else args.shape
     print(f"### Qwen3.5 {shape}, random weights, {args.threads} threads, median of {args.repeats}\n")

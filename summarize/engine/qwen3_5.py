@@ -234,7 +234,7 @@ class GatedDeltaNet(nn.Module):
             o, stats = step if with_stats else (step, None)
             o = o[:, None]
         else:
-            o, final, *stats = chunk_rule_op(q, k, v, g, beta, state.matrix, GDN_CHUNK_TOKENS)
+            o, final, *stats = chunk_rule_op(q, k, v, g, beta, state.matrix, GDN_CHUNK_TOKENS, with_stats)
             state.matrix.copy_(final)
             stats = DeltaRuleStats(*stats) if with_stats else None
         # gated RMSNorm per head (not zero-centred): x̂ · w · silu(z)

@@ -168,24 +168,26 @@ def chunk_gated_delta_rule(
 
 @torch.library.custom_op("summarize::chunk_gated_delta_rule", mutates_args=())
 def chunk_rule_op(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, chunk_size: int
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, chunk_size: int, with_stats: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``chunk_gated_delta_rule`` from ``state`` with its stats, as one opaque op.
+    """``chunk_gated_delta_rule`` from ``state``, as one opaque op.
 
     What a compiled prefill step calls: the graph around it stays whole, and the op (a Python loop
-    over chunks) runs as it does eagerly. Returns o, the final state, state_norm, gate_mean and
-    delta_norm.
+    over chunks) runs as it does eagerly. Returns o, the final state, then state_norm, gate_mean
+    and delta_norm ([B] each; empty without ``with_stats``).
     """
     o, final, stats = chunk_gated_delta_rule(
-        q=q, k=k, v=v, g=g, beta=beta, initial_state=state, chunk_size=chunk_size, with_stats=True
+        q=q, k=k, v=v, g=g, beta=beta, initial_state=state, chunk_size=chunk_size, with_stats=with_stats
     )
+    if stats is None:
+        none = final.new_empty(0)
+        return o, final, none, none.clone(), none.clone()
     return o, final, stats.state_norm, stats.gate_mean, stats.delta_norm
 
 
 @chunk_rule_op.register_fake
-def _(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, chunk_size: int):
-    B = q.shape[0]
-    per_row = q.new_empty((B,), dtype=torch.float32)
+def _(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, chunk_size: int, with_stats: bool):
+    per_row = q.new_empty((q.shape[0] if with_stats else 0,), dtype=torch.float32)
     return (
         v.new_empty(v.shape), state.new_empty(state.shape, dtype=torch.float32),
         per_row, torch.empty_like(per_row), torch.empty_like(per_row),
