@@ -7,11 +7,13 @@ sides sum in different orders); anything computed twice by our own engine in the
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from summarize.engine import load_model
+from summarize.engine import load_model, memory
 from summarize.engine.qwen3_5 import Qwen35Model
 from summarize.errors import SummarizeError
 from tiny_models import dense_reference, moe_reference, save_checkpoint, vlm_reference
@@ -201,6 +203,19 @@ def test_recurrent_state_bytes_do_not_grow_with_the_text(dense):
     model.prefill(random_ids(1, 2000, seed=16), state)
     assert state.recurrent_nbytes == after_10
     assert state.kv_tokens == 2010  # only the attention layers' cache grows
+
+
+def test_loading_bounds_the_cpu_kernel_caches(dense, tmp_path, monkeypatch):
+    """oneDNN and ideep keep one kernel per matmul shape: unbounded, every chunk of a new length
+    grew resident memory for good. Loading caps both, and leaves a user's own setting alone."""
+    reference, _ = dense
+    folder = save_checkpoint(reference, tmp_path)
+    for setting in memory.KERNEL_CACHE_SETTINGS:
+        monkeypatch.delenv(setting, raising=False)
+    monkeypatch.setenv(memory.KERNEL_CACHE_SETTINGS[1], "7")
+    load_model(folder, device="cpu", dtype=torch.float32)
+    assert os.environ[memory.KERNEL_CACHE_SETTINGS[0]] == str(memory.KERNEL_CACHE_ENTRIES)
+    assert os.environ[memory.KERNEL_CACHE_SETTINGS[1]] == "7"
 
 
 # -- diagnostics -----------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from summarize.engine import compiled, qwen3_5, rwkv7
-from summarize.engine.memory import release_free_memory
+from summarize.engine.memory import bound_kernel_caches, release_free_memory
 from summarize.errors import SummarizeError
 
 FAMILIES = (qwen3_5, rwkv7)  # each module: MODEL_TYPES and build(config, checkpoint, device=, dtype=, quantize=)
@@ -170,6 +170,7 @@ def load_model(
     environment (SUMMARIZE_COMPILE) and the model's size. `quantize="int8"`: weight-only int8
     (Qwen3.5 models).
     """
+    bound_kernel_caches()  # before the first kernel is built: memory that stays flat over chunks
     if quantize not in QUANTIZE_MODES:
         raise SummarizeError(f"unknown quantization {quantize!r} (supported: {', '.join(QUANTIZE_MODES[1:])})")
     device = torch.device(device) if device is not None else default_device()
