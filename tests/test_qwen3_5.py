@@ -187,6 +187,13 @@ def test_save_load_round_trip(dense, tmp_path):
     assert torch.equal(model.forward(nxt, loaded), model.forward(nxt, state))
 
 
+def test_load_of_a_file_that_is_no_state_is_a_clear_error(dense, tmp_path):
+    _, model = dense
+    (tmp_path / "notes.safetensors").write_text("not tensors")
+    with pytest.raises(SummarizeError, match="not a saved state"):
+        model.new_state(1).load(tmp_path / "notes.safetensors")
+
+
 def test_load_rejects_another_models_state(dense, vlm, tmp_path):
     _, model = dense
     other = vlm[1].new_state(2)  # batch 2: shapes differ

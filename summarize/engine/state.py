@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from summarize.errors import SummarizeError
 
@@ -221,13 +222,11 @@ class State:
     def load(self, path: str | Path) -> None:
         """Load a state written by `save` into this one; the file must match these shapes."""
         try:
-            tensors = load_file(str(path), device=str(self._device()))
+            with safe_open(str(path), framework="pt", device=str(self._device())) as f:
+                position = int((f.metadata() or {}).get("position", "0"))
+                tensors = {key: f.get_tensor(key) for key in f.keys()}
         except Exception as exc:  # safetensors raises several unrelated types for a bad file
             raise SummarizeError(f"{path}: not a saved state ({exc})") from exc
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as f:
-            position = int((f.metadata() or {}).get("position", "0"))
         expected = set()
         for i, layer in enumerate(self.layers):
             for name, tensor in layer.tensors().items():
