@@ -13,7 +13,7 @@ import torch
 
 from summarize.engine import State, load_model
 from summarize.engine import compiled
-from tiny_models import dense_reference, save_checkpoint
+from tiny_models import dense_reference, moe_reference, save_checkpoint
 
 REL_TOL = 1e-4
 VOCAB = 384
@@ -102,6 +102,20 @@ def test_compiled_full_logits_equal_eager(models):
     eager, compiled = models
     ids = prompt(40, seed=4)
     assert_close(compiled(ids, compiled.new_state(1)), eager(ids, eager.new_state(1)))
+
+
+def test_compiled_moe_steps_equal_eager(tmp_path):
+    """The MoE dispatch stays eager inside compiled prefill and decode steps."""
+    folder = save_checkpoint(moe_reference(), tmp_path)
+    eager = load_model(folder, device="cpu", dtype=torch.float32, compile=False)
+    compiled = load_model(folder, device="cpu", dtype=torch.float32, compile=True)
+    assert compiled.compiled is not None
+    for length in (30, 47):
+        states = eager.new_state(1), compiled.new_state(1)
+        want, got = (model.prefill(prompt(length, seed=length), s) for model, s in zip((eager, compiled), states))
+        assert_close(got, want)
+        token = want.argmax(-1)
+        assert_close(compiled.decode(token, states[1]), eager.decode(token, states[0]))
 
 
 @pytest.mark.parametrize("lengths", [(9, 31), (9, 31, 20)])  # rows streamed; rows through the GEMM
