@@ -286,6 +286,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, cache: KVCache) -> Tensor:
     T = q.shape[2]
     past = cache.length
     keys, values = cache.append(k, v)
+    if T == 1 and q.device.type == "cpu":
+        return attend_one_token(q, keys, values, cache.pad)
     if T == 1 and cache.pad is None:
         mask, causal = None, False
     elif past == 0 and cache.pad is None:
@@ -297,6 +299,24 @@ def attend(q: Tensor, k: Tensor, v: Tensor, cache: KVCache) -> Tensor:
             mask = mask & (key_index >= cache.pad[:, None, None, None])  # [B, 1, T, past+T]
         causal = False
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=True)
+
+
+def attend_one_token(q: Tensor, keys: Tensor, values: Tensor, pad: Tensor | None) -> Tensor:
+    """One query per row, q [B, H, 1, D], over the whole cache [B, H_kv, L, D], in fp32.
+
+    On a CPU torch's flash kernel spends about 1 ms on a single query over 520 keys and 7.5 ms
+    over 4,096 (2 KV heads of 256); two small products cost 0.18 and 0.67 ms (measured on a
+    2-core Zen 4), with fp32 scores as exact as the math kernel's. Rows left-padded by a stacked
+    batch never see their padding (keys before `pad[b]`).
+    """
+    B, H, _, D = q.shape
+    kv_heads, length = keys.shape[1], keys.shape[2]
+    grouped = q.reshape(B, kv_heads, H // kv_heads, D).float()  # query head h reads kv head h // group
+    scores = torch.matmul(grouped, keys.transpose(-1, -2).float()).mul_(D**-0.5)  # [B, H_kv, group, L]
+    if pad is not None:
+        scores.masked_fill_(torch.arange(length, device=q.device) < pad[:, None, None, None], float("-inf"))
+    out = torch.matmul(scores.softmax(dim=-1), values.float())
+    return out.reshape(B, H, 1, D).to(q.dtype)
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
