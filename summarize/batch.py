@@ -178,14 +178,20 @@ def run(
 ) -> list[Result]:
     """Summarize every job in order; a failure is reported and the run goes on."""
     stdout = stdout or sys.stdout
-    summarizer: Summarizer | None = None
+    summarizer: Summarizer | Exception | None = None
 
     def get_summarizer() -> Summarizer:
         # Made on first need: no model is loaded (and nothing is said) when every output is
-        # up to date or every input fails before summarizing.
+        # up to date or every input fails before summarizing. A model that failed to load is
+        # not tried again: every later input fails with the same error.
         nonlocal summarizer
         if summarizer is None:
-            summarizer = make_summarizer(settings, ui)
+            try:
+                summarizer = make_summarizer(settings, ui)
+            except Exception as exc:  # noqa: BLE001 - raised again, per input, below
+                summarizer = exc
+        if isinstance(summarizer, Exception):
+            raise summarizer
         return summarizer
 
     results: dict[int, Result] = {}

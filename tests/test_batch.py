@@ -261,6 +261,25 @@ def test_no_sentence_fits_is_a_failure(tmp_path: Path):
     assert ui.of("error") == [(f"{src}: no sentence fits in 3 words",)]
 
 
+def test_a_model_that_fails_to_load_is_tried_once_and_fails_every_input(monkeypatch, tmp_path: Path):
+    from summarize.errors import SummarizeError
+
+    loads = []
+
+    def failing_load(settings, ui):
+        loads.append(1)
+        raise SummarizeError("model.safetensors: truncated file")
+
+    monkeypatch.setattr(batch, "make_summarizer", failing_load)
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (tmp_path / name).write_text("Bees dance to tell each other where the flowers are. " * 3)
+    ui = RecordingUI()
+    results = batch.run(plan([str(tmp_path)]), Settings(words=40), ui=ui, stdout=io.StringIO())
+    assert len(loads) == 1
+    assert [r.status for r in results] == ["failed"] * 3
+    assert all("truncated file" in r.reason for r in results)
+
+
 # --- atomic writes -------------------------------------------------------------------------
 
 
