@@ -65,6 +65,8 @@ def compile_steps(model, layer_step: Callable, head: Callable) -> bool:
         head=torch.compile(head, dynamic=False),
     )
     try:
+        import torch._inductor.inductor_prims  # noqa: F401 - registers the prim `ops.linear` uses (1 s to import)
+
         zeros = torch.zeros(1, WARM_UP_TOKENS, dtype=torch.long, device=model.device)
         model.prefill(zeros, model.new_state(1))
         model.decode(zeros[:, 0], model.new_state(1))
