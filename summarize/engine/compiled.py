@@ -65,7 +65,7 @@ def compile_steps(model, layer_step: Callable, head: Callable) -> bool:
         head=torch.compile(head, dynamic=False),
     )
     try:
-        import torch._inductor.inductor_prims  # noqa: F401 - registers the prim `ops.linear` uses (1 s to import)
+        from torch._inductor import inductor_prims  # noqa: F401 - registers the prim `ops.linear` uses (1 s to import)
 
         zeros = torch.zeros(1, WARM_UP_TOKENS, dtype=torch.long, device=model.device)
         model.prefill(zeros, model.new_state(1))
