@@ -253,7 +253,10 @@ class GatedDeltaNet(nn.Module):
 
 
 class GatedAttention(nn.Module):
-    """Full attention with an output gate, q/k norms, partial rotary and GQA over a KV cache."""
+    """Full attention with an output gate, q/k norms, partial rotary and GQA over a KV cache.
+
+    Two steps, `project` and `finish`; the decoder layer calls `attend` between them.
+    """
 
     def __init__(self, cfg: Qwen35Config, take: Take, prefix: str) -> None:
         super().__init__()
@@ -266,7 +269,8 @@ class GatedAttention(nn.Module):
         self.register_buffer("k_norm", 1.0 + take(prefix + "k_norm.weight").float())
         self.eps = cfg.rms_norm_eps
 
-    def forward(self, x: Tensor, cache: KVCache, rotary: tuple[Tensor, Tensor]) -> Tensor:
+    def project(self, x: Tensor, rotary: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """x [B, T, H] → q [B, Hq, T, D], k and v [B, H_kv, T, D] (normed, rotated), gate [B, T, Hq·D]."""
         B, T, _ = x.shape
         q_and_gate, k, v = self.qkv_proj(x).split(self.split, dim=-1)
         q_and_gate = q_and_gate.view(B, T, self.num_heads, 2 * self.head_dim)
@@ -275,9 +279,12 @@ class GatedAttention(nn.Module):
         k = rms_norm(k.view(B, T, self.num_kv_heads, self.head_dim), self.k_norm, self.eps).transpose(1, 2)
         v = v.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        out = attend(q, k, v, cache)
-        out = out.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate.reshape(B, T, -1))
-        return self.o_proj(out)
+        return q, k, v, gate.reshape(B, T, -1)
+
+    def finish(self, attended: Tensor, gate: Tensor) -> Tensor:
+        """Attention's output [B, Hq, T, D] through the output gate and projection → [B, T, H]."""
+        B, _, T, _ = attended.shape
+        return self.o_proj(attended.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate))
 
 
 @torch.compiler.disable  # the cache's length changes every step: kept out of compiled graphs
@@ -409,7 +416,11 @@ class DecoderLayer(nn.Module):
         if self.kind == "linear_attention":
             h, stats = self.mixer(h, layer_state, with_stats)
         else:
-            h, stats = self.mixer(h, layer_state, rotary), None
+            # `attend` runs eagerly (the cache grows), so a compiled step breaks there. Called
+            # here rather than inside the mixer, the step resumes in one graph (output projection,
+            # residual, MLP) instead of one per nested call (0.8B shape, bf16: 41.3 → 38.4 ms/token).
+            q, k, v, gate = self.mixer.project(h, rotary)
+            h, stats = self.mixer.finish(attend(q, k, v, layer_state), gate), None
         x = x + h
         return x + self.mlp(rms_norm(x, self.post_norm, self.eps)), stats
 
