@@ -117,6 +117,11 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
+def greedy_token(logits: torch.Tensor) -> torch.Tensor:
+    """The next token of each row, for both engines: as `summarize` picks it (generate.greedy_token)."""
+    return logits.max(dim=-1).indices
+
+
 def random_ids(vocab: int, batch: int, tokens: int) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, tokens), generator=torch.Generator().manual_seed(tokens))
 
@@ -187,12 +192,12 @@ def ours_worker(args, dtype: torch.dtype) -> dict:
         out["prefill_s"] = statistics.median(times)
     elif args.job == "decode":
         state = model.new_state(1)
-        token = model.prefill(random_ids(vocab, 1, args.decode_prompt), state).argmax(-1)
+        token = greedy_token(model.prefill(random_ids(vocab, 1, args.decode_prompt), state))
         prompt_state = state.snapshot()
 
         def steps(state: State, token: torch.Tensor, n: int) -> torch.Tensor:
             for _ in range(n):
-                token = model.decode(token, state).argmax(-1)
+                token = greedy_token(model.decode(token, state))
             return token
 
         for batch in sorted({1, args.batch}):
@@ -228,12 +233,12 @@ def diagnostics(model, args) -> dict:
             with context():
                 prefill[mode].append(timed(lambda: model.prefill(ids, model.new_state(1))))
     state = model.new_state(1)
-    token = model.prefill(random_ids(vocab, 1, args.decode_prompt), state).argmax(-1)
+    token = greedy_token(model.prefill(random_ids(vocab, 1, args.decode_prompt), state))
 
     def steps() -> None:
         t = token
         for _ in range(args.decode_tokens):
-            t = model.decode(t, state).argmax(-1)
+            t = greedy_token(model.decode(t, state))
 
     decode: dict[str, list[float]] = {"default": [], "listener": []}
     for listener in (None, noop):  # a compiled step builds its variant with diagnostics here
@@ -261,13 +266,13 @@ def transformers_worker(args, dtype: torch.dtype) -> dict:
         out["prefill_s"] = statistics.median(times)
     elif args.job == "decode":
         first = model(random_ids(vocab, 1, args.decode_prompt), use_cache=True, logits_to_keep=1)
-        cache, token = first.past_key_values, first.logits[:, -1].argmax(-1)
+        cache, token = first.past_key_values, greedy_token(first.logits[:, -1])
 
         def steps(n: int) -> None:
             nonlocal token
             for _ in range(n):
                 step = model(token[:, None], past_key_values=cache, use_cache=True, logits_to_keep=1)
-                token = step.logits[:, -1].argmax(-1)
+                token = greedy_token(step.logits[:, -1])
 
         steps(WARMUP_STEPS)
         out["decode_s_b1"] = statistics.median(timed(lambda: steps(args.decode_tokens)) for _ in range(args.repeats))

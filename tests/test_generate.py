@@ -7,7 +7,7 @@ import tokenizers
 import torch
 from tokenizers import AddedToken
 
-from summarize.engine.generate import Generation, SamplingParams, generate, generate_batch
+from summarize.engine.generate import Generation, SamplingParams, generate, generate_batch, greedy_token
 from summarize.engine.tokenizer import Tokenizer
 
 IM_END, ENDOFTEXT = 256, 257
@@ -118,6 +118,13 @@ def test_greedy_follows_the_argmax_chain(overlap):
     assert gen.text == bytes(gen.token_ids).decode()
     assert model.prefills == 1
     assert model.decodes == 11  # no step after the last token
+
+
+def test_greedy_token_is_argmax_with_the_first_of_tied_maxima():
+    logits = torch.randn(4, 1000).to(torch.bfloat16)
+    logits[1, [7, 500]] = 100.0  # a tie: the first wins, as with argmax
+    assert torch.equal(greedy_token(logits), logits.argmax(dim=-1))
+    assert greedy_token(logits)[1] == 7
 
 
 @pytest.mark.parametrize("overlap", [False, True])
