@@ -299,6 +299,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, cache: KVCache) -> Tensor:
         mask, causal = None, False
     elif past == 0 and cache.pad is None:
         mask, causal = None, True
+    elif cache.pad is None and q.device.type == "cpu":
+        return attend_past_then_new(q, keys, values, past)
     else:  # new tokens see the whole cache and, causally, each other; never a row's padding
         key_index = torch.arange(past + T, device=q.device)
         mask = torch.arange(T, device=q.device)[:, None] + past >= key_index[None, :]
@@ -324,6 +326,23 @@ def attend_one_token(q: Tensor, keys: Tensor, values: Tensor, pad: Tensor | None
         scores.masked_fill_(torch.arange(length, device=q.device) < pad[:, None, None, None], float("-inf"))
     out = torch.matmul(scores.softmax(dim=-1), values.float())
     return out.reshape(B, H, 1, D).to(q.dtype)
+
+
+def attend_past_then_new(q: Tensor, keys: Tensor, values: Tensor, past: int) -> Tensor:
+    """New tokens q [B, H, T, D] over `past` cached positions, all visible, then over themselves,
+    causally (keys, values [B, H_kv, past + T, D]) → [B, H, T, D].
+
+    Two flash-attention calls merged by their log-sum-exps: with an explicit mask instead, torch's
+    CPU kernel cannot skip the masked blocks (2 KV heads of 256, 1,536 new tokens: 122 → 96 ms
+    after 150 cached ones, 439 → 372 ms after 4,096; measured on a 2-core Zen 4).
+    """
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # reads H_kv < H heads as GQA
+    seen, seen_lse = flash(q, keys[:, :, :past], values[:, :, :past], 0.0, False)[:2]
+    new, new_lse = flash(q, keys[:, :, past:], values[:, :, past:], 0.0, True)[:2]
+    top = torch.maximum(seen_lse, new_lse)
+    seen_weight, new_weight = (seen_lse - top).exp_()[..., None], (new_lse - top).exp_()[..., None]
+    merged = seen.float().mul_(seen_weight).add_(new.float().mul_(new_weight))
+    return merged.div_(seen_weight + new_weight).to(q.dtype)
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
