@@ -71,6 +71,28 @@ def test_compiled_steps_equal_eager_steps_with_their_diagnostics(models):
                     assert got == pytest.approx(want, rel=1e-4)
 
 
+def test_one_graph_decodes_across_a_growing_cache_without_recompiling(models):
+    """The whole-model decode step writes at a slot and reads the whole cache buffer: when the
+    buffer grows (256 → 512 positions here), the same graph goes on, with the same logits."""
+    from torch._dynamo.utils import counters
+
+    eager, compiled = models
+    assert compiled.compiled.decode_step is not None
+    states = eager.new_state(1), compiled.new_state(1)
+    for model, state in zip((eager, compiled), states):
+        model.prefill(prompt(253, seed=6), state)
+    compiled.decode(torch.tensor([3]), states[1])  # compiles, if no test did before
+    eager.decode(torch.tensor([3]), states[0])
+    graphs = counters["stats"]["unique_graphs"]
+    capacities = set()
+    for token in (7, 1, 9, 4, 2):  # positions 254..258: past the first 256
+        assert_close(compiled.decode(torch.tensor([token]), states[1]), eager.decode(torch.tensor([token]), states[0]))
+        capacities.add(states[1].layers[3].capacity)
+    assert capacities == {256, 512}
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert states[1].kv_tokens == states[0].kv_tokens == 259
+
+
 @pytest.mark.parametrize("length", [2, 45, 70])  # shortest; chunks of the delta rule and a rest
 def test_compiled_prefill_equals_eager_prefill_with_its_diagnostics(models, length):
     """One graph per layer kind serves every length: logits, state and diagnostics as eager."""

@@ -13,6 +13,9 @@ dynamic shapes, one graph per layer kind serves every length; the delta rule its
 opaque op (`ops.gated_delta_rule.chunk_rule_op`). Measured on a 2-core Zen 4, Qwen3.5-0.8B
 shape, bf16: see the README's Performance table.
 
+Decoding one sequence runs every layer and the head as one graph (Qwen3.5 dense): per-layer
+graphs cost their calls' overhead ~30 times a token (0.8B shape, bf16, measured side by side:
+56.8 → 50.2 ms/token while the machine read memory at ~34 GB/s). Batches decode layer by layer.
 Decode graphs are specialised on the batch size, so each new batch size compiles once; prefill
 graphs compile once for one row and once for several. Inductor caches what it built on disk, so
 later processes start faster. If compiling fails (no C++ compiler, an unsupported platform) the
@@ -40,6 +43,9 @@ class CompiledSteps:
     decode_layer: Callable  # (layer, x [B, 1, H], layer_state, rotary, with_stats) -> (x, stats)
     prefill_layer: Callable  # the same over [B, T, H], T > 1, any T
     head: Callable  # (model, hidden [B, H]) -> logits [B, V]
+    # (model, x [1, 1, H], layer_states, rotary, slot, with_stats) -> (logits [1, V], stats):
+    # every layer and the head at once, for one sequence; None: decode layer by layer
+    decode_step: Callable | None = None
 
 
 def wanted(model, device: torch.device, weight_bytes: int) -> bool:
@@ -50,8 +56,9 @@ def wanted(model, device: torch.device, weight_bytes: int) -> bool:
     return setting == "1" or weight_bytes >= MIN_WEIGHT_BYTES
 
 
-def compile_steps(model, layer_step: Callable, head: Callable) -> bool:
-    """Compile `layer_step` for decode and for prefill, and `head`; check them on scratch states.
+def compile_steps(model, layer_step: Callable, head: Callable, decode_step: Callable | None = None) -> bool:
+    """Compile `layer_step` for decode and for prefill, `head`, and `decode_step` (a whole
+    one-sequence decode step) where given; check them on scratch states.
 
     Returns whether the model now runs compiled; on any failure it stays eager.
     """
@@ -63,6 +70,7 @@ def compile_steps(model, layer_step: Callable, head: Callable) -> bool:
         # a code object of its own: compiled graphs are cached per code object
         prefill_layer=torch.compile(lambda *args: layer_step(*args), dynamic=True),
         head=torch.compile(head, dynamic=False),
+        decode_step=torch.compile(decode_step, dynamic=False) if decode_step is not None else None,
     )
     try:
         from torch._inductor import inductor_prims  # noqa: F401 - registers the prim `ops.linear` uses (1 s to import)

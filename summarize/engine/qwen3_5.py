@@ -328,6 +328,26 @@ def attend_one_token(q: Tensor, keys: Tensor, values: Tensor, pad: Tensor | None
     return out.reshape(B, H, 1, D).to(q.dtype)
 
 
+def attend_at_slot(q: Tensor, k: Tensor, v: Tensor, cache: KVCache, slot: Tensor) -> Tensor:
+    """One new token per row inside a compiled decode step: write k, v [B, H_kv, 1, D] at
+    position `slot` ([1], a tensor, so the step does not depend on the cache's length) and attend
+    with q [B, H, 1, D] over the whole buffer, masking the positions after the slot and each row's
+    padding → [B, H, 1, D]. The caller has reserved the slot; unused positions hold finite values.
+    """
+    cache.keys.index_copy_(2, slot, k)
+    cache.values.index_copy_(2, slot, v)
+    B, H, _, D = q.shape
+    kv_heads, capacity = cache.keys.shape[1], cache.keys.shape[2]
+    grouped = q.reshape(B, kv_heads, H // kv_heads, D).float()
+    scores = torch.matmul(grouped, cache.keys.transpose(-1, -2).float()).mul_(D**-0.5)  # [B, H_kv, group, cap]
+    position = torch.arange(capacity, device=q.device)
+    hidden = position > slot
+    if cache.pad is not None:
+        hidden = hidden | (position < cache.pad[:, None, None, None])
+    out = torch.matmul(scores.masked_fill(hidden, float("-inf")).softmax(dim=-1), cache.values.float())
+    return out.reshape(B, H, 1, D).to(q.dtype)
+
+
 def attend_past_then_new(q: Tensor, keys: Tensor, values: Tensor, past: int) -> Tensor:
     """New tokens q [B, H, T, D] over `past` cached positions, all visible, then over themselves,
     causally (keys, values [B, H_kv, past + T, D]) → [B, H, T, D].
@@ -429,17 +449,21 @@ class DecoderLayer(nn.Module):
         self.eps = cfg.rms_norm_eps
 
     def forward(
-        self, x: Tensor, layer_state: LayerState, rotary: tuple[Tensor, Tensor], with_stats: bool
+        self, x: Tensor, layer_state: LayerState, rotary: tuple[Tensor, Tensor], with_stats: bool,
+        slot: Tensor | None = None,
     ) -> tuple[Tensor, DeltaRuleStats | None]:
+        """One layer over x [B, T, H]. `slot` ([1]): decoding one token inside a compiled step
+        that spans the whole model, where the token's keys go (see `attend_at_slot`)."""
         h = rms_norm(x, self.input_norm, self.eps)
         if self.kind == "linear_attention":
             h, stats = self.mixer(h, layer_state, with_stats)
         else:
-            # `attend` runs eagerly (the cache grows), so a compiled step breaks there. Called
-            # here rather than inside the mixer, the step resumes in one graph (output projection,
-            # residual, MLP) instead of one per nested call (0.8B shape, bf16: 41.3 → 38.4 ms/token).
+            # Elsewhere `attend` runs eagerly (the cache grows), so a compiled layer step breaks
+            # there. Called here rather than inside the mixer, the step resumes in one graph
+            # (output projection, residual, MLP) instead of one per nested call.
             q, k, v, gate = self.mixer.project(h, rotary)
-            h, stats = self.mixer.finish(attend(q, k, v, layer_state), gate), None
+            attended = attend(q, k, v, layer_state) if slot is None else attend_at_slot(q, k, v, layer_state, slot)
+            h, stats = self.mixer.finish(attended, gate), None
         x = x + h
         return x + self.mlp(rms_norm(x, self.post_norm, self.eps)), stats
 
@@ -487,7 +511,8 @@ class Qwen35Model(nn.Module):
 
     def compile_steps(self) -> bool:
         """Run prefill and decode steps through torch.compile from now on (see `compiled`)."""
-        return compile_steps(self, _layer_step, _head)
+        # MoE layers dispatch eagerly: their decode keeps one graph per layer
+        return compile_steps(self, _layer_step, _head, None if self.cfg.num_experts else _decode_step)
 
     def new_state(self, batch_size: int = 1) -> State:
         cfg, dev = self.cfg, self.device
@@ -524,15 +549,41 @@ class Qwen35Model(nn.Module):
 
     @torch.no_grad()
     def decode(self, token_ids: Tensor, state: State) -> Tensor:
+        if self.compiled is not None and self.compiled.decode_step is not None and token_ids.shape[0] == 1:
+            return self._decode_in_one_graph(token_ids, state)
         hidden, reports = self._blocks(token_ids[:, None], state, "decode")
         head = self.compiled.head if self.compiled is not None else _head
         logits = head(self, hidden[:, -1])
         self._report(reports, state, "decode", 1)
         return logits
 
-    def _blocks(self, input_ids: Tensor, state: State, phase: str) -> tuple[Tensor, list]:
-        """Run every layer over input_ids [B, T]; return the last hidden states and per-layer stats."""
-        T = input_ids.shape[1]
+    def _decode_in_one_graph(self, token_ids: Tensor, state: State) -> Tensor:
+        """One token through the compiled step that spans every layer and the head.
+
+        One graph rather than one per layer (and three per attention layer, around the eager
+        cache append) saves the calls' overhead. The attention layers write their keys at a slot
+        given as a tensor and read their whole buffer, whose length is a dynamic dimension: the
+        graph serves every cache length.
+        """
+        caches = [layer for layer in state.layers if isinstance(layer, KVCache)]
+        length = state.kv_tokens
+        for cache in caches:
+            cache.reserve(length + 1)
+            torch._dynamo.mark_dynamic(cache.keys, 2)
+            torch._dynamo.mark_dynamic(cache.values, 2)
+        slot = torch.tensor([length], device=self.device)
+        with_stats = self.listener is not None
+        x = self.embed.rows(token_ids[:, None])
+        logits, stats = self.compiled.decode_step(self, x, state.layers, self._rotary(state, 1), slot, with_stats)
+        for cache in caches:
+            cache.length = length + 1
+        self._advance(state, 1)
+        reports = [(1, s) if layer.kind == "linear_attention" else None for layer, s in zip(self.layers, stats)]
+        self._report(reports, state, "decode", 1)
+        return logits
+
+    def _rotary(self, state: State, T: int) -> tuple[Tensor, Tensor]:
+        """cos and sin of the next T positions: [T, rot], or [B, 1, T, rot] when rows differ."""
         steps = torch.arange(T, device=self.device)
         if state.row_positions is None:  # every row at the same position: [T, rot]
             positions = (state.position + steps).float()
@@ -540,7 +591,18 @@ class Qwen35Model(nn.Module):
             positions = (state.row_positions[:, None] + steps)[:, None, :].float()
         freqs = positions[..., None] * self.inv_freq
         emb = torch.cat([freqs, freqs], dim=-1)
-        rotary = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    @staticmethod
+    def _advance(state: State, T: int) -> None:
+        state.position += T
+        if state.row_positions is not None:
+            state.row_positions += T
+
+    def _blocks(self, input_ids: Tensor, state: State, phase: str) -> tuple[Tensor, list]:
+        """Run every layer over input_ids [B, T]; return the last hidden states and per-layer stats."""
+        T = input_ids.shape[1]
+        rotary = self._rotary(state, T)
         # prefill always checks the state (cheap per chunk); decode only when someone listens
         with_stats = phase == "prefill" or self.listener is not None
         x = self.embed.rows(input_ids)
@@ -551,9 +613,7 @@ class Qwen35Model(nn.Module):
         for layer, layer_state in zip(self.layers, state.layers):
             x, layer_stats = step(layer, x, layer_state, rotary, with_stats)
             stats.append((T, layer_stats) if layer.kind == "linear_attention" else None)
-        state.position += T
-        if state.row_positions is not None:
-            state.row_positions += T
+        self._advance(state, T)
         return x, stats
 
     def _report(self, stats: list, state: State, phase: str, tokens: int) -> None:
@@ -571,6 +631,15 @@ def _quantized(module: nn.Module) -> nn.Module:
 
 def _layer_step(layer: DecoderLayer, x: Tensor, layer_state: LayerState, rotary, with_stats: bool):
     return layer(x, layer_state, rotary, with_stats)
+
+
+def _decode_step(model: Qwen35Model, x: Tensor, layer_states: list, rotary, slot: Tensor, with_stats: bool):
+    """Every layer and the head for one token per row → (logits [B, V], per-layer stats)."""
+    stats = []
+    for layer, layer_state in zip(model.layers, layer_states):
+        x, layer_stats = layer(x, layer_state, rotary, with_stats, slot)
+        stats.append(layer_stats)
+    return _head(model, x[:, -1]), stats
 
 
 def _head(model: Qwen35Model, hidden: Tensor) -> Tensor:

@@ -62,19 +62,23 @@ class KVCache:
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write keys/values [B, H_kv, T, D] after the valid prefix; return all valid keys/values."""
         end = self.length + keys.shape[2]
-        if end > self.capacity:
-            self._grow(end)
+        self.reserve(end)
         self.keys[:, :, self.length : end] = keys
         self.values[:, :, self.length : end] = values
         self.length = end
         return self.keys[:, :, :end], self.values[:, :, :end]
 
-    def _grow(self, needed: int) -> None:
-        capacity = max(needed, 2 * self.capacity, KV_GROWTH_TOKENS)
+    def reserve(self, needed: int) -> None:
+        """Make room for `needed` positions. The buffers grow by an eighth (at least
+        KV_GROWTH_TOKENS) so that appends are rarely copies, and new positions are zeros: a
+        compiled decode step reads the whole buffer and masks what is not valid."""
+        if needed <= self.capacity:
+            return
+        capacity = max(needed, self.capacity + max(KV_GROWTH_TOKENS, self.capacity // 8))
         capacity = -(-capacity // KV_GROWTH_TOKENS) * KV_GROWTH_TOKENS
         for name in ("keys", "values"):
             old = getattr(self, name)
-            new = old.new_empty(old.shape[0], old.shape[1], capacity, old.shape[3])
+            new = old.new_zeros(old.shape[0], old.shape[1], capacity, old.shape[3])
             new[:, :, : self.length] = old[:, :, : self.length]
             setattr(self, name, new)
 
