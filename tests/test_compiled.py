@@ -7,6 +7,7 @@ different order from torch's GEMM); diagnostics within 1e-4 relative.
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -186,3 +187,27 @@ def test_a_compiler_failure_leaves_the_model_eager(folder, monkeypatch, capsys):
 def test_when_steps_are_compiled(models, monkeypatch, env, device, weight_bytes, expected):
     monkeypatch.setenv(compiled.ENV, env)
     assert compiled.wanted(models[0], torch.device(device), weight_bytes) is expected
+
+
+def test_built_kernels_are_kept_in_the_users_cache_folder(monkeypatch, tmp_path):
+    monkeypatch.delenv(compiled.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    compiled.keep_kernels_across_reboots()
+    folder = tmp_path / "summarize" / "torchinductor"
+    assert folder.is_dir() and os.environ[compiled.CACHE_ENV] == str(folder)
+
+
+def test_a_cache_folder_chosen_by_the_environment_is_kept(monkeypatch, tmp_path):
+    monkeypatch.setenv(compiled.CACHE_ENV, str(tmp_path / "mine"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    compiled.keep_kernels_across_reboots()
+    assert os.environ[compiled.CACHE_ENV] == str(tmp_path / "mine")
+
+
+def test_an_unusable_cache_folder_leaves_torchs_default(monkeypatch, tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder would go")
+    monkeypatch.delenv(compiled.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    compiled.keep_kernels_across_reboots()
+    assert compiled.CACHE_ENV not in os.environ
