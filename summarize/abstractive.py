@@ -442,6 +442,7 @@ def load_session(settings, notify: Callable[[str], None]) -> ModelSession:
     from summarize.engine.loading import load_tokenizer
 
     dtype = getattr(torch, settings.dtype) if settings.dtype else None
+    started = time.perf_counter()  # a first run on a CPU also compiles the steps: ~80 s
     model = load_model(settings.model, device=settings.device, dtype=dtype, quantize=settings.quantize)
     tokenizer, stop_ids = load_tokenizer(model)
     sampling = SamplingParams(
@@ -452,5 +453,6 @@ def load_session(settings, notify: Callable[[str], None]) -> ModelSession:
         seed=DEFAULT_SAMPLING.seed if settings.seed is None else settings.seed,
     )
     precision = str(model.dtype).removeprefix("torch.") + (f", {settings.quantize} weights" if settings.quantize else "")
-    notify(f"model {settings.model} on {model.device} ({precision})")
+    steps = "compiled steps" if getattr(model, "compiled", None) is not None else "eager steps"
+    notify(f"model {settings.model} on {model.device} ({precision}), {steps}, ready in {time.perf_counter() - started:.0f} s")
     return ModelSession(model, tokenizer, stop_ids, sampling, settings.model)
