@@ -227,6 +227,19 @@ def test_loading_bounds_the_cpu_kernel_caches(dense, tmp_path, monkeypatch):
     assert os.environ[memory.KERNEL_CACHE_SETTINGS[1]] == "7"
 
 
+def test_loading_on_a_cpu_flushes_subnormal_values_to_zero(dense, tmp_path):
+    """The chunked delta rule's decays pass through the subnormal range, where x86 arithmetic is
+    many times slower; loading sets flush-to-zero, so 1e-39 (subnormal in fp32) counts as 0."""
+    reference, _ = dense
+    folder = save_checkpoint(reference, tmp_path)
+    if not torch.set_flush_denormal(False):
+        pytest.skip("this CPU cannot flush subnormal values")
+    subnormal = torch.tensor([1e-39], dtype=torch.float64).float()
+    assert (subnormal * 2).item() != 0.0
+    load_model(folder, device="cpu", dtype=torch.float32)
+    assert (subnormal * 2).item() == 0.0
+
+
 # -- diagnostics -----------------------------------------------------------------------------
 
 

@@ -171,9 +171,11 @@ def load_model(
     (Qwen3.5 models).
     """
     bound_kernel_caches()  # before the first kernel is built: memory that stays flat over chunks
+    device = torch.device(device) if device is not None else default_device()
+    if device.type == "cpu":
+        flush_denormals_to_zero()
     if quantize not in QUANTIZE_MODES:
         raise SummarizeError(f"unknown quantization {quantize!r} (supported: {', '.join(QUANTIZE_MODES[1:])})")
-    device = torch.device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
     path = Path(source).expanduser()
     if path.suffix == ".pth":
@@ -198,6 +200,20 @@ def load_model(
     if compile if compile is not None else compiled.wanted(model, device, weight_bytes):
         model.compile_steps()
     return model
+
+
+def flush_denormals_to_zero() -> None:
+    """Let the CPU treat values below fp32's smallest normal (1.2e-38) as zero (FTZ and DAZ).
+
+    The chunked delta rule multiplies by decays exp(sum of g) that pass through that range whenever
+    a head forgets fast, and arithmetic on such subnormal values runs many times slower on many x86
+    CPUs: a 2,048-token prefill of the 0.8B shape ran 2.0x faster with this set (measured on a
+    2-core Xeon with AMX). What it changes is far below what fp32 (let alone bf16) resolves.
+
+    The mode is per thread, and torch's worker threads copy it from the main thread when they
+    start, with the first parallel op of the process: hence its place before loading the weights.
+    """
+    torch.set_flush_denormal(True)
 
 
 def load_tokenizer(model):
