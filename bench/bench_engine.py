@@ -21,7 +21,9 @@ Method
 - Each measurement runs in a fresh subprocess (this script with --worker), so a peak RSS (the
   child's VmHWM) belongs to one engine at one length, loading included. Both engines run with
   --threads threads (default 2), on random token ids; transformers under torch.inference_mode,
-  ours under torch.no_grad as `summarize` runs it (see worker_main).
+  ours under torch.no_grad as `summarize` runs it (see worker_main). Both flush subnormal values
+  to zero, as our engine does when it loads a model: transformers' default leaves them on, which
+  made its prefill about half as fast here (its chunked delta rule meets the same tiny decays).
 - Prefill: one short warm-up call, then --repeats timed calls on a fresh state; the median.
   Transformers runs `model(ids, use_cache=True, logits_to_keep=1)`.
 - Decode: one prompt of --decode-prompt tokens, two warm-up steps, then --repeats runs of
@@ -281,6 +283,7 @@ def transformers_worker(args, dtype: torch.dtype) -> dict:
 
 
 def worker_main(args) -> None:
+    torch.set_flush_denormal(True)  # first: threads take the mode from the main thread as they start
     torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if args.dtype == "int8" else getattr(torch, args.dtype)  # int8: bf16 compute
     # Our engine as `summarize` runs it, under no_grad: a model loaded under inference_mode holds
@@ -351,7 +354,7 @@ def machine() -> str:
         model = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name"))
         flags = next(line for line in info.splitlines() if line.startswith("flags")).split()
         simd = "AVX-512 bf16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags else "no AVX-512"
-        model += ", " + simd
+        model += ", " + simd + (", AMX bf16" if "amx_bf16" in flags else "")
     except (OSError, StopIteration):
         pass
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
