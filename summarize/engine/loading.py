@@ -207,7 +207,7 @@ def flush_denormals_to_zero() -> None:
 
     The chunked delta rule multiplies by decays exp(sum of g) that pass through that range whenever
     a head forgets fast, and arithmetic on such subnormal values runs many times slower on many x86
-    CPUs: a 2,048-token prefill of the 0.8B shape ran 2.0x faster with this set (measured on a
+    CPUs: a 2,048-token prefill of the 0.8B shape ran about twice as fast with this set (on a
     2-core Xeon with AMX). What it changes is far below what fp32 (let alone bf16) resolves.
 
     The mode is per thread, and torch's worker threads copy it from the main thread when they
