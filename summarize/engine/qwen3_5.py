@@ -256,14 +256,25 @@ class GatedDeltaNet(nn.Module):
         a 2-core Zen 4, 0.8B shape, bf16: the op fed channel-major rows 68 ms, token-major 55 ms
         (2,048 tokens); the whole layer, torch's conv then a transpose 176 ms, this 168 ms
         (1,024 tokens, interleaved medians).
+
+        The new tokens are shifted over zeros and the window's share is added to the first
+        kernel-1 outputs alone: a compiled step then reads qkv in place, where window and tokens
+        concatenated would be a copy of the whole input, and more passes around it (2-core Xeon,
+        0.8B shape, bf16, 1,024 tokens, compiled: 8.7 -> 6.0 ms for the conv, q/k norms and gates).
         """
         kernel, T = self.conv_taps.shape[0], qkv.shape[1]
-        window = torch.cat([state.shift.transpose(1, 2), qkv], dim=1)  # [B, kernel-1+T, C]
-        state.shift.copy_(window[:, T:].transpose(1, 2))
+        window = state.shift.transpose(1, 2)  # [B, kernel-1, C]
         taps = self.conv_taps.float()
-        out = window[:, :T].float() * taps[0]
+        padded = F.pad(qkv, (0, 0, kernel - 1, 0))  # output t reads padded[t : t + kernel]
+        out = padded[:, :T].float() * taps[0]
         for j in range(1, kernel):
-            out = out + window[:, j : j + T].float() * taps[j]
+            out = out + padded[:, j : j + T].float() * taps[j]
+        # output t < kernel-1 also reads window[t + j] through the taps j < kernel-1-t
+        window_share = torch.stack(
+            [sum(window[:, t + j].float() * taps[j] for j in range(kernel - 1 - t)) for t in range(kernel - 1)], dim=1
+        )
+        out = out + F.pad(window_share, (0, 0, 0, T - (kernel - 1)))  # T < kernel-1: cropped
+        state.shift.copy_(torch.cat([window, qkv], dim=1)[:, -(kernel - 1) :].transpose(1, 2))
         return F.silu(out).to(qkv.dtype)
 
 
