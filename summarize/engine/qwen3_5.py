@@ -220,8 +220,7 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: Tensor, state: RecurrentLayerState, with_stats: bool) -> tuple[Tensor, DeltaRuleStats | None]:
         B, T, _ = x.shape
         qkv, z, b, a = self.in_proj(x).split(self.split, dim=-1)
-        qkv = self._causal_conv(qkv, state)  # [B, T, conv_dim]
-        q, k, v = qkv.split((self.key_dim, self.key_dim, self.cfg.value_dim), dim=-1)
+        q, k, v = self._causal_conv(qkv, state)  # [B, T, key_dim] twice, [B, T, value_dim]
         q = l2norm(q.float().view(B, T, self.num_k_heads, self.k_dim))
         k = l2norm(k.float().view(B, T, self.num_k_heads, self.k_dim))
         v = v.reshape(B, T, self.num_v_heads, self.v_dim)
@@ -246,36 +245,49 @@ class GatedDeltaNet(nn.Module):
         o = o * F.silu(z.float().view(B, T, self.num_v_heads, self.v_dim))
         return self.out_proj(o.to(x.dtype).view(B, T, -1)), stats
 
-    def _causal_conv(self, qkv: Tensor, state: RecurrentLayerState) -> Tensor:
-        """Depthwise causal conv + SiLU of qkv [B, T, C] over [window | new tokens], token-major
-        in and out; the window (state.shift [B, C, kernel-1]) keeps the last kernel-1 tokens.
+    def _causal_conv(self, qkv: Tensor, state: RecurrentLayerState) -> tuple[Tensor, Tensor, Tensor]:
+        """Depthwise causal conv + SiLU of qkv [B, T, C] over [window | new tokens], returned as
+        q, k, v (token-major); the window (state.shift [B, C, kernel-1]) keeps the last kernel-1
+        tokens.
 
-        Computed as `kernel` shifted products summed in fp32, which a compiled step fuses into
-        one pass. The delta-rule op reads token-major rows; torch's depthwise conv works
-        channel-major, and the transposes around it cost more than the conv itself. Measured on
-        a 2-core Zen 4, 0.8B shape, bf16: the op fed channel-major rows 68 ms, token-major 55 ms
-        (2,048 tokens); the whole layer, torch's conv then a transpose 176 ms, this 168 ms
-        (1,024 tokens, interleaved medians).
-
-        The new tokens are shifted over zeros and the window's share is added to the first
-        kernel-1 outputs alone: a compiled step then reads qkv in place, where window and tokens
-        concatenated would be a copy of the whole input, and more passes around it (2-core Xeon,
-        0.8B shape, bf16, 1,024 tokens, compiled: 8.7 -> 6.0 ms for the conv, q/k norms and gates).
+        The delta-rule op reads token-major rows; torch's depthwise conv works channel-major, and
+        the transposes around it cost more than the conv itself (2-core Zen 4, 0.8B shape, bf16:
+        the whole layer, torch's conv then a transpose 176 ms, shifted products 168 ms, 1,024
+        tokens). Each of q, k, v is convolved on its own, and the new window is sliced from qkv
+        rather than from window and tokens joined: a compiled step then makes one pass per part
+        where it made a copy of qkv and an fp32 copy of the whole conv (2-core Xeon, 0.8B shape,
+        bf16, 1,024 tokens, compiled: 6.5 -> 4.0 ms for the conv, q/k norms and gates).
         """
         kernel, T = self.conv_taps.shape[0], qkv.shape[1]
         window = state.shift.transpose(1, 2)  # [B, kernel-1, C]
-        taps = self.conv_taps.float()
-        padded = F.pad(qkv, (0, 0, kernel - 1, 0))  # output t reads padded[t : t + kernel]
-        out = padded[:, :T].float() * taps[0]
-        for j in range(1, kernel):
-            out = out + padded[:, j : j + T].float() * taps[j]
-        # output t < kernel-1 also reads window[t + j] through the taps j < kernel-1-t
-        window_share = torch.stack(
-            [sum(window[:, t + j].float() * taps[j] for j in range(kernel - 1 - t)) for t in range(kernel - 1)], dim=1
+        bounds = (0, self.key_dim, 2 * self.key_dim, qkv.shape[-1])
+        q, k, v = (
+            causal_conv_silu(qkv[..., lo:hi], window[..., lo:hi], self.conv_taps[:, lo:hi])
+            for lo, hi in zip(bounds, bounds[1:])
         )
-        out = out + F.pad(window_share, (0, 0, 0, T - (kernel - 1)))  # T < kernel-1: cropped
-        state.shift.copy_(torch.cat([window, qkv], dim=1)[:, -(kernel - 1) :].transpose(1, 2))
-        return F.silu(out).to(qkv.dtype)
+        new_window = qkv[:, T - (kernel - 1) :] if T >= kernel - 1 else torch.cat([window, qkv], dim=1)[:, T:]
+        state.shift.copy_(new_window.transpose(1, 2))
+        return q, k, v
+
+
+def causal_conv_silu(x: Tensor, window: Tensor, taps: Tensor) -> Tensor:
+    """SiLU(depthwise causal conv) of x [B, T, C] after window [B, kernel-1, C]; taps [kernel, C].
+
+    Summed in fp32 as `kernel` shifted products, which a compiled step fuses into one pass: the
+    new tokens shifted over zeros, then the window's share added to the first kernel-1 outputs
+    (output t < kernel-1 reads window[t + j] through tap j < kernel-1-t).
+    """
+    kernel, T = taps.shape[0], x.shape[1]
+    taps = taps.float()
+    padded = F.pad(x, (0, 0, kernel - 1, 0))  # output t reads padded[t : t + kernel]
+    out = padded[:, :T].float() * taps[0]
+    for j in range(1, kernel):
+        out = out + padded[:, j : j + T].float() * taps[j]
+    window_share = torch.stack(
+        [sum(window[:, t + j].float() * taps[j] for j in range(kernel - 1 - t)) for t in range(kernel - 1)], dim=1
+    )
+    out = out + F.pad(window_share, (0, 0, 0, T - (kernel - 1)))  # T < kernel-1: cropped
+    return F.silu(out).to(x.dtype)
 
 
 class GatedAttention(nn.Module):
