@@ -275,7 +275,8 @@ class GatedDeltaNet(nn.Module):
 
 
 def causal_conv_silu(x: Tensor, window: Tensor, taps: Tensor) -> Tensor:
-    """SiLU(depthwise causal conv) of x [B, T, C] after window [B, kernel-1, C]; taps [kernel, C].
+    """SiLU(depthwise causal conv) of x [B, T, C] after window [B, kernel-1, C]; taps [kernel, C],
+    kernel ≥ 2 (Qwen3.5: 4).
 
     Summed in fp32 as `kernel` shifted products, which a compiled step fuses into one pass: the
     new tokens shifted over zeros, then the window's share added to the first kernel-1 outputs
@@ -348,15 +349,19 @@ def attend(q: Tensor, k: Tensor, v: Tensor, cache: KVCache) -> Tensor:
     elif past == 0 and cache.pad is None:
         mask, causal = None, True
     elif cache.pad is None and q.device.type == "cpu":
-        return attend_past_then_new(q, keys, values, past).transpose(1, 2).contiguous().transpose(1, 2)
+        return token_major(attend_past_then_new(q, keys, values, past))
     else:  # new tokens see the whole cache and, causally, each other; never a row's padding
         key_index = torch.arange(past + T, device=q.device)
         mask = torch.arange(T, device=q.device)[:, None] + past >= key_index[None, :]
         if cache.pad is not None:
             mask = mask & (key_index >= cache.pad[:, None, None, None])  # [B, 1, T, past+T]
         causal = False
-    attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=True)
-    return attended.transpose(1, 2).contiguous().transpose(1, 2)
+    return token_major(F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=True))
+
+
+def token_major(x: Tensor) -> Tensor:
+    """x [B, H, T, D] with its memory laid out as [B, T, H, D] (a copy unless it already is)."""
+    return x.transpose(1, 2).contiguous().transpose(1, 2)
 
 
 def attend_one_token(q: Tensor, keys: Tensor, values: Tensor, pad: Tensor | None, last: Tensor | None = None) -> Tensor:
