@@ -211,7 +211,7 @@ class GatedDeltaNet(nn.Module):
         # quarter slower when N is not a multiple of 1,024 (1,024 × 1,024 inputs, bf16, N = 8,224
         # against 8,192 + 32: 1.08-1.22× for the pair, measured on a 2-core Xeon).
         self.in_proj = Projection(torch.cat([take(prefix + f"in_proj_{n}.weight") for n in ("qkv", "z")]))
-        self.gate_proj = Projection(torch.cat([take(prefix + f"in_proj_{n}.weight") for n in ("b", "a")]))
+        self.beta_decay_proj = Projection(torch.cat([take(prefix + f"in_proj_{n}.weight") for n in ("b", "a")]))
         # [kernel, C]: tap j of every channel contiguous, so the shifted products vectorize
         self.register_buffer("conv_taps", take(prefix + "conv1d.weight")[:, 0, :].t().contiguous())
         self.register_buffer("dt_bias", take(prefix + "dt_bias").float())
@@ -223,7 +223,7 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: Tensor, state: RecurrentLayerState, with_stats: bool) -> tuple[Tensor, DeltaRuleStats | None]:
         B, T, _ = x.shape
         qkv, z = self.in_proj(x).split((self.cfg.conv_dim, self.cfg.value_dim), dim=-1)
-        b, a = self.gate_proj(x).chunk(2, dim=-1)
+        b, a = self.beta_decay_proj(x).chunk(2, dim=-1)
         q, k, v = self._causal_conv(qkv, state)  # [B, T, key_dim] twice, [B, T, value_dim]
         q = l2norm(q.float().view(B, T, self.num_k_heads, self.k_dim))
         k = l2norm(k.float().view(B, T, self.num_k_heads, self.k_dim))
