@@ -34,8 +34,11 @@ Method
 - Batched decode: the prompt's state stacked B times (`State.stack`, as batched summaries do).
 - Diagnostics: prefill of --diag-length tokens with the per-chunk stats switched off (patched),
   with listener None (the default: cheap stats and a NaN check) and with a no-op listener (full
-  SpanReports); decode with listener None (no stats) and with a no-op listener. Interleaved.
-- Prefill ceiling = matmul FLOP/s (torch.mm 2048³) / FLOP per token, FLOP per token = 2 ×
+  SpanReports); decode with listener None (no stats) and with a no-op listener. Interleaved, at
+  least 5 runs each; the cost is the median of the ratios of runs made back to back.
+- Prefill ceiling = matmul FLOP/s (torch.mm 2048³, measured in our prefill worker just before and
+  just after its timed calls, the better of the two: shared machines drift in speed by more than
+  the figures measured) / FLOP per token, FLOP per token = 2 ×
   non-embedding weights (active experts only) + attention scores at that length + the head's
   2·V·H once per prompt (prefill computes only the last position's logits). The recurrence's own
   FLOPs are left out, as in the reference figures.
@@ -67,7 +70,7 @@ WARMUP_STEPS = 2
 MATMUL_SIZE = 2048
 MEMORY_BYTES = 512 * 2**20  # far beyond any L3 cache
 CEILING_REPEATS = 5  # ceilings take the best run: they are upper bounds
-DIAGNOSTICS_MIN_REPEATS = 3  # differences of a few percent: a few more runs than elsewhere
+DIAGNOSTICS_MIN_REPEATS = 5  # differences of a few percent: a few more runs than elsewhere
 CHECKPOINT_DTYPE = torch.bfloat16  # as the released checkpoints
 DASH = "–"
 
@@ -190,8 +193,10 @@ def ours_worker(args, dtype: torch.dtype) -> dict:
     if args.job == "prefill":
         model.prefill(random_ids(vocab, 1, min(WARMUP_TOKENS, args.length)), model.new_state(1))
         ids = random_ids(vocab, 1, args.length)
+        before = matmul_gflops(dtype)
         times = [timed(lambda: model.prefill(ids, model.new_state(1))) for _ in range(args.repeats)]
         out["prefill_s"] = statistics.median(times)
+        out["matmul_gflops"] = max(before, matmul_gflops(dtype))  # the machine's rate around these calls
     elif args.job == "decode":
         state = model.new_state(1)
         token = greedy_token(model.prefill(random_ids(vocab, 1, args.decode_prompt), state))
@@ -251,8 +256,9 @@ def diagnostics(model, args) -> dict:
             model.listener = listener
             decode[mode].append(timed(steps))
     model.listener = None
-    out = {f"prefill_{mode}": statistics.median(times) for mode, times in prefill.items()}
-    return out | {f"decode_{mode}": statistics.median(times) for mode, times in decode.items()}
+    return {f"prefill_{mode}": times for mode, times in prefill.items()} | {
+        f"decode_{mode}": times for mode, times in decode.items()
+    }
 
 
 def transformers_worker(args, dtype: torch.dtype) -> dict:
@@ -282,6 +288,55 @@ def transformers_worker(args, dtype: torch.dtype) -> dict:
     return out
 
 
+def side_by_side_worker(args, dtype: torch.dtype) -> dict:
+    """Both engines in one process, their calls alternating: prefill of --diag-length tokens and
+    runs of --decode-tokens greedy steps after --decode-prompt, at least DIAGNOSTICS_MIN_REPEATS
+    pairs each. A ratio of two calls made back to back is not biased by the machine's drift."""
+    from transformers import AutoModelForCausalLM
+
+    from summarize.engine import load_model
+
+    ours = load_model(args.folder, device="cpu", dtype=dtype)
+    with torch.inference_mode():
+        ref = AutoModelForCausalLM.from_pretrained(args.folder, dtype=dtype).eval()
+    vocab = ours.cfg.vocab_size
+    prompt, decode_prompt = random_ids(vocab, 1, args.diag_length), random_ids(vocab, 1, args.decode_prompt)
+    state = ours.new_state(1)
+    with torch.inference_mode():
+        first = ref(decode_prompt, use_cache=True, logits_to_keep=1)
+    tokens = {"ours": greedy_token(ours.prefill(decode_prompt, state)), "transformers": greedy_token(first.logits[:, -1])}
+
+    def ours_steps() -> None:
+        for _ in range(args.decode_tokens):
+            tokens["ours"] = greedy_token(ours.decode(tokens["ours"], state))
+
+    @torch.inference_mode()
+    def ref_steps() -> None:
+        for _ in range(args.decode_tokens):
+            step = ref(tokens["transformers"][:, None], past_key_values=first.past_key_values, use_cache=True,
+                       logits_to_keep=1)
+            tokens["transformers"] = greedy_token(step.logits[:, -1])
+
+    @torch.inference_mode()
+    def ref_prefill() -> None:
+        ref(prompt, use_cache=True, logits_to_keep=1)
+
+    jobs = {
+        "prefill": {"ours": lambda: ours.prefill(prompt, ours.new_state(1)), "transformers": ref_prefill},
+        "decode": {"ours": ours_steps, "transformers": ref_steps},
+    }
+    out: dict = {}
+    for job, engines in jobs.items():
+        for fn in engines.values():
+            fn()  # warm-up: compiled variants, kernels, the allocator
+        times: dict[str, list[float]] = {engine: [] for engine in engines}
+        for i in range(max(args.repeats, DIAGNOSTICS_MIN_REPEATS)):
+            for engine in (list(engines) if i % 2 == 0 else list(engines)[::-1]):  # neither always first
+                times[engine].append(timed(engines[engine]))
+        out |= {f"{job}_{engine}": ts for engine, ts in times.items()}
+    return out
+
+
 def worker_main(args) -> None:
     torch.set_flush_denormal(True)  # first: threads take the mode from the main thread as they start
     torch.set_num_threads(args.threads)
@@ -289,8 +344,9 @@ def worker_main(args) -> None:
     # Our engine as `summarize` runs it, under no_grad: a model loaded under inference_mode holds
     # inference tensors, with which compiled decode steps run ~25% slower (measured: 51 → 64 ms
     # per step, 0.8B shape). Transformers under inference_mode, its fastest.
-    with torch.no_grad() if args.worker == "ours" else torch.inference_mode():
-        out = (ours_worker if args.worker == "ours" else transformers_worker)(args, dtype)
+    workers = {"ours": ours_worker, "transformers": transformers_worker, "both": side_by_side_worker}
+    with torch.inference_mode() if args.worker == "transformers" else torch.no_grad():
+        out = workers[args.worker](args, dtype)
     print(json.dumps(out))
 
 
@@ -333,11 +389,14 @@ def best_time(fn) -> float:
     return min(timed(fn) for _ in range(CEILING_REPEATS))
 
 
+def matmul_gflops(dtype: torch.dtype) -> float:
+    """The best rate of torch.mm on two MATMUL_SIZE² matrices in `dtype`, GFLOP/s."""
+    a, b = torch.randn(MATMUL_SIZE, MATMUL_SIZE).to(dtype), torch.randn(MATMUL_SIZE, MATMUL_SIZE).to(dtype)
+    return 2 * MATMUL_SIZE**3 / best_time(lambda: torch.mm(a, b)) / 1e9
+
+
 def ceilings() -> dict:
-    out = {}
-    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-        a, b = torch.randn(MATMUL_SIZE, MATMUL_SIZE).to(dtype), torch.randn(MATMUL_SIZE, MATMUL_SIZE).to(dtype)
-        out[f"matmul_{name}"] = 2 * MATMUL_SIZE**3 / best_time(lambda: torch.mm(a, b)) / 1e9
+    out = {f"matmul_{name}": matmul_gflops(dtype) for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
     x = torch.ones(MEMORY_BYTES // 4)
     y = torch.empty_like(x)
     # the best of a few reductions: on these machines a bf16 sum streams a little faster than fp32
@@ -399,6 +458,8 @@ def measure(args, dtype: str, lengths: list[int]) -> dict:
             m["prefill"][engine, length] = run_worker(args, engine, "prefill", dtype, length=length)
         m["decode", engine] = run_worker(args, engine, "decode", dtype)
     m["diagnostics"] = run_worker(args, "ours", "diagnostics", dtype)
+    if "transformers" in engines:
+        m["side_by_side"] = run_worker(args, "both", "side_by_side", dtype)
     return m
 
 
@@ -419,8 +480,12 @@ def share(a: float | None, b: float | None) -> str:
     return DASH if a is None or b is None or b == 0 else f"{100 * a / b:.0f}%"
 
 
-def overhead(on: float | None, off: float | None) -> str:
-    return DASH if on is None or off is None else f"{100 * (on / off - 1):+.1f}%"
+def overhead(on: list[float] | None, off: list[float] | None) -> str:
+    """The median over interleaved runs of on / off - 1: each pair ran back to back, so a slow
+    spell of the machine divides out rather than landing on one side."""
+    if not on or not off:
+        return DASH
+    return f"{100 * (statistics.median(a / b for a, b in zip(on, off)) - 1):+.1f}%"
 
 
 def slowdown(short: float | None, long: float | None) -> str:
@@ -463,9 +528,10 @@ def rows_for(args, dtype: str, m: dict, limits: dict, costs: dict | None, length
         seconds = get(m.get(("decode", engine)), f"decode_s_b{batch}")
         return None if seconds is None else batch * args.decode_tokens / seconds
 
-    gflops = limits.get(f"matmul_{'bfloat16' if dtype == 'int8' else dtype}")
+    run_gflops = limits.get(f"matmul_{'bfloat16' if dtype == 'int8' else dtype}")
     for length in lengths:
         ours, ref = prefill("ours", length), prefill("transformers", length)
+        gflops = get(m["prefill"].get(("ours", length)), "matmul_gflops") or run_gflops
         ceiling = gflops * 1e9 / prefill_flop(costs, length) if costs and gflops else None
         row(f"prefill {length} tok/s", fmt(ours), fmt(ref), ratio(ours, ref), fmt(ceiling), share(ours, ceiling))
     if len(lengths) > 1:
@@ -486,6 +552,15 @@ def rows_for(args, dtype: str, m: dict, limits: dict, costs: dict | None, length
         ours, ref = (get(m["prefill"].get((e, length)), "peak_rss") for e in ("ours", "transformers"))
         cells = (DASH if rss is None else f"{rss / 1e9:.2f} GB ({ratio(rss, weights)})" for rss in (ours, ref))
         row(f"peak RSS, prefill {length} (× weight bytes)", *cells, ratio(ours, ref))
+
+    pair = m.get("side_by_side")
+    if pair:
+        for job, figure, count in (("prefill", f"prefill {args.diag_length} tok/s", args.diag_length),
+                                   ("decode", f"decode tok/s (after {args.decode_prompt})", args.decode_tokens)):
+            ours, ref = (count / statistics.median(pair[f"{job}_{e}"]) for e in ("ours", "transformers"))
+            paired = statistics.median(r / o for o, r in zip(pair[f"{job}_ours"], pair[f"{job}_transformers"]))
+            row(f"{figure}, side by side in one process ({len(pair[f'{job}_ours'])} pairs)",
+                fmt(ours, 2 if job == "decode" else 1), fmt(ref, 2 if job == "decode" else 1), f"{paired:.2f}×")
 
     d, cost = m["diagnostics"], f"diagnostics cost, prefill {args.diag_length}"
     row(f"{cost}: listener vs none", overhead(get(d, "prefill_listener"), get(d, "prefill_default")))
@@ -523,6 +598,11 @@ def report(args, lengths: list[int], limits: dict, results: dict) -> None:
     print(f"Ceilings measured in this run: matmul {limits['matmul_float32']:.0f} GFLOP/s fp32, "
           f"{limits['matmul_bfloat16']:.0f} bf16 (torch.mm {MATMUL_SIZE}³); memory read {limits['read']:.1f} GB/s, "
           f"copy {limits['copy']:.1f} GB/s (read + written); the decode ceiling uses {memory_gbps(limits):.1f}.")
+    for dtype, m in results.items():
+        rates = [get(m["prefill"].get(("ours", n)), "matmul_gflops") for n in lengths]
+        if any(rates):
+            print(f"Matmul rate around our {dtype} prefills ({', '.join(map(str, lengths))} tokens), the prefill "
+                  f"ceilings' basis: {' / '.join(DASH if r is None else f'{r:.0f}' for r in rates)} GFLOP/s.")
     for note in notes:
         print(note)
 
@@ -551,8 +631,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--skip-transformers", action="store_true")
     # internal: one measurement in a subprocess
-    p.add_argument("--worker", choices=["ours", "transformers"], help=argparse.SUPPRESS)
-    p.add_argument("--job", choices=["prefill", "decode", "diagnostics"], help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=["ours", "transformers", "both"], help=argparse.SUPPRESS)
+    p.add_argument("--job", choices=["prefill", "decode", "diagnostics", "side_by_side"], help=argparse.SUPPRESS)
     p.add_argument("--dtype", help=argparse.SUPPRESS)
     p.add_argument("--length", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
