@@ -30,6 +30,9 @@ Method
   --decode-tokens greedy steps (the context grows by those few tokens from run to run).
 - Prefill and decode steps run as `summarize` runs them: compiled (torch.compile) for a model of
   this size; compiling happens while loading and in the warm-up calls, outside the timings.
+- Side by side: both engines loaded into one process, their calls alternating (prefill of
+  --diag-length tokens, runs of --decode-tokens steps after --decode-prompt; at least 5 pairs,
+  neither engine always first); the ratio is the median of the ratios of calls made back to back.
 - int8: weight-only int8 (`--quantize int8`), bf16 activations; transformers has no such row.
 - Batched decode: the prompt's state stacked B times (`State.stack`, as batched summaries do).
 - Diagnostics: prefill of --diag-length tokens with the per-chunk stats switched off (patched),
