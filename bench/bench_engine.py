@@ -185,6 +185,21 @@ def stats_off():
         qwen3_5.GatedDeltaNet.forward = original
 
 
+def ours_steps(model, state, token: torch.Tensor, n: int) -> torch.Tensor:
+    """n greedy decode steps of our engine from `token` [B]; returns the last token."""
+    for _ in range(n):
+        token = greedy_token(model.decode(token, state))
+    return token
+
+
+def transformers_steps(model, cache, token: torch.Tensor, n: int) -> torch.Tensor:
+    """n greedy decode steps of transformers from `token` [B] over `cache`; returns the last token."""
+    for _ in range(n):
+        step = model(token[:, None], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        token = greedy_token(step.logits[:, -1])
+    return token
+
+
 def ours_worker(args, dtype: torch.dtype) -> dict:
     from summarize.engine import State, load_model
 
@@ -204,17 +219,11 @@ def ours_worker(args, dtype: torch.dtype) -> dict:
         state = model.new_state(1)
         token = greedy_token(model.prefill(random_ids(vocab, 1, args.decode_prompt), state))
         prompt_state = state.snapshot()
-
-        def steps(state: State, token: torch.Tensor, n: int) -> torch.Tensor:
-            for _ in range(n):
-                token = greedy_token(model.decode(token, state))
-            return token
-
         for batch in sorted({1, args.batch}):
             rows = State.stack([state] * batch)
             first = token.expand(batch).contiguous()
-            steps(rows, first, WARMUP_STEPS)
-            times = [timed(lambda: steps(rows, first, args.decode_tokens)) for _ in range(args.repeats)]
+            ours_steps(model, rows, first, WARMUP_STEPS)
+            times = [timed(lambda: ours_steps(model, rows, first, args.decode_tokens)) for _ in range(args.repeats)]
             out[f"decode_s_b{batch}"] = statistics.median(times)
             state.restore(prompt_state)
     elif args.job == "diagnostics":
@@ -246,9 +255,7 @@ def diagnostics(model, args) -> dict:
     token = greedy_token(model.prefill(random_ids(vocab, 1, args.decode_prompt), state))
 
     def steps() -> None:
-        t = token
-        for _ in range(args.decode_tokens):
-            t = greedy_token(model.decode(t, state))
+        ours_steps(model, state, token, args.decode_tokens)
 
     decode: dict[str, list[float]] = {"default": [], "listener": []}
     for listener in (None, noop):  # a compiled step builds its variant with diagnostics here
@@ -278,15 +285,10 @@ def transformers_worker(args, dtype: torch.dtype) -> dict:
     elif args.job == "decode":
         first = model(random_ids(vocab, 1, args.decode_prompt), use_cache=True, logits_to_keep=1)
         cache, token = first.past_key_values, greedy_token(first.logits[:, -1])
-
-        def steps(n: int) -> None:
-            nonlocal token
-            for _ in range(n):
-                step = model(token[:, None], past_key_values=cache, use_cache=True, logits_to_keep=1)
-                token = greedy_token(step.logits[:, -1])
-
-        steps(WARMUP_STEPS)
-        out["decode_s_b1"] = statistics.median(timed(lambda: steps(args.decode_tokens)) for _ in range(args.repeats))
+        token = transformers_steps(model, cache, token, WARMUP_STEPS)
+        out["decode_s_b1"] = statistics.median(
+            timed(lambda: transformers_steps(model, cache, token, args.decode_tokens)) for _ in range(args.repeats)
+        )
     out["peak_rss"] = peak_rss()
     return out
 
@@ -309,16 +311,13 @@ def side_by_side_worker(args, dtype: torch.dtype) -> dict:
         first = ref(decode_prompt, use_cache=True, logits_to_keep=1)
     tokens = {"ours": greedy_token(ours.prefill(decode_prompt, state)), "transformers": greedy_token(first.logits[:, -1])}
 
-    def ours_steps() -> None:
-        for _ in range(args.decode_tokens):
-            tokens["ours"] = greedy_token(ours.decode(tokens["ours"], state))
+    def our_decode() -> None:
+        tokens["ours"] = ours_steps(ours, state, tokens["ours"], args.decode_tokens)
 
     @torch.inference_mode()
-    def ref_steps() -> None:
-        for _ in range(args.decode_tokens):
-            step = ref(tokens["transformers"][:, None], past_key_values=first.past_key_values, use_cache=True,
-                       logits_to_keep=1)
-            tokens["transformers"] = greedy_token(step.logits[:, -1])
+    def ref_decode() -> None:
+        tokens["transformers"] = transformers_steps(ref, first.past_key_values, tokens["transformers"],
+                                                    args.decode_tokens)
 
     @torch.inference_mode()
     def ref_prefill() -> None:
@@ -326,7 +325,7 @@ def side_by_side_worker(args, dtype: torch.dtype) -> dict:
 
     jobs = {
         "prefill": {"ours": lambda: ours.prefill(prompt, ours.new_state(1)), "transformers": ref_prefill},
-        "decode": {"ours": ours_steps, "transformers": ref_steps},
+        "decode": {"ours": our_decode, "transformers": ref_decode},
     }
     out: dict = {}
     for job, engines in jobs.items():
