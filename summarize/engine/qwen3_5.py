@@ -24,6 +24,7 @@ from summarize.engine.ops.gated_delta_rule import (
     chunk_rule_op,
     recurrent_step_gated_delta_rule,
 )
+from summarize.engine.ops.gated_delta_rule_fla import fla_chunk_gated_delta_rule, fla_usable
 from summarize.engine.ops.linear import Projection
 from summarize.engine.state import KVCache, LayerState, RecurrentLayerState, State
 from summarize.errors import SummarizeError
@@ -228,12 +229,17 @@ class GatedDeltaNet(nn.Module):
         q = l2norm(q.float().view(B, T, self.num_k_heads, self.k_dim))
         k = l2norm(k.float().view(B, T, self.num_k_heads, self.k_dim))
         v = v.reshape(B, T, self.num_v_heads, self.v_dim)
-        if self.num_v_heads != self.num_k_heads:  # each q/k head serves consecutive v heads
-            groups = self.num_v_heads // self.num_k_heads
-            q, k = q.repeat_interleave(groups, dim=2), k.repeat_interleave(groups, dim=2)
         beta = b.float().sigmoid()
         g = self.neg_A * F.softplus(a.float() + self.dt_bias)  # log-space decay, ≤ 0
         stats = None
+        if T > 1 and x.is_cuda and fla_usable(x.device):  # fla's kernels take the k heads as they are
+            o, final, *stats = fla_chunk_gated_delta_rule(q, k, v, g, beta, state.matrix, with_stats)
+            state.matrix.copy_(final)
+            stats = DeltaRuleStats(*stats) if with_stats else None
+            return self._output(o, z, x.dtype), stats
+        if self.num_v_heads != self.num_k_heads:  # each q/k head serves consecutive v heads
+            groups = self.num_v_heads // self.num_k_heads
+            q, k = q.repeat_interleave(groups, dim=2), k.repeat_interleave(groups, dim=2)
         if T == 1:
             step = recurrent_step_gated_delta_rule(
                 q=q[:, 0], k=k[:, 0], v=v[:, 0], g=g[:, 0], beta=beta[:, 0], state=state.matrix, with_stats=with_stats
@@ -244,10 +250,14 @@ class GatedDeltaNet(nn.Module):
             o, final, *stats = chunk_rule_op(q, k, v, g, beta, state.matrix, GDN_CHUNK_TOKENS, with_stats)
             state.matrix.copy_(final)
             stats = DeltaRuleStats(*stats) if with_stats else None
-        # gated RMSNorm per head (not zero-centred): x̂ · w · silu(z)
+        return self._output(o, z, x.dtype), stats
+
+    def _output(self, o: Tensor, z: Tensor, dtype: torch.dtype) -> Tensor:
+        """Gated RMSNorm per head (not zero-centred), x̂ · w · silu(z), then out_proj."""
+        B, T = o.shape[:2]
         o = F.rms_norm(o.float(), (self.v_dim,), self.norm.float(), self.eps)
         o = o * F.silu(z.float().view(B, T, self.num_v_heads, self.v_dim))
-        return self.out_proj(o.to(x.dtype).view(B, T, -1)), stats
+        return self.out_proj(o.to(dtype).view(B, T, -1))
 
     def _causal_conv(self, qkv: Tensor, state: RecurrentLayerState) -> tuple[Tensor, Tensor, Tensor]:
         """Depthwise causal conv + SiLU of qkv [B, T, C] over [window | new tokens], returned as
