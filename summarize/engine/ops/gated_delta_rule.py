@@ -4,6 +4,8 @@
 - ``chunk_gated_delta_rule``: the chunked parallel (WY) form, for prefill.
 - ``recurrent_step_gated_delta_rule``: one token, state updated in place, for decode.
 
+On CUDA with fla-core installed, prefill runs ``gated_delta_rule_fla`` instead (the same contract).
+
 Shared conventions (B batch, T tokens, H value heads, K key dim, V value dim):
 
     q, k   [B, T, H, K]  L2-normalised over K; k heads already repeated to the H value heads
