@@ -1,10 +1,13 @@
-"""On a GPU the engine equals the reference, with or without flash-linear-attention's kernels.
+"""On a GPU the engine equals the reference, with or without flash-linear-attention's kernels
+(Qwen3.5's Gated DeltaNet and RWKV-7's state update).
 
 Skipped where torch sees no CUDA device; the tests of fla's kernels also where fla-core is not
 installed (the optional extra `fla`). `bench/device_check.sh` runs this file on a lent GPU.
 
 Tolerances, relative to the largest value compared:
-- the torch path in fp32: 1e-4, as on the CPU (the same products, summed in other orders);
+- the torch path in fp32: 1e-4, as on the CPU (the same products, summed in other orders), against
+  transformers for Qwen3.5 and against our CPU engine for RWKV-7 (itself checked to 1e-5 against
+  BlinkDL's reference in test_rwkv7.py);
 - fla's kernels: 1e-2 in fp32 (Triton's products of fp32 inputs round them to tf32, 10 bits of
   mantissa) and 3e-2 in bf16 inputs (8 bits; the state is carried in fp32 either way).
 A wrong layout or head grouping is off by the size of the values themselves.
@@ -17,10 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from summarize.engine import load_model
-from summarize.engine import qwen3_5
+from summarize.engine import qwen3_5, rwkv7
+from summarize.engine.ops import rwkv7_wkv_fla
 from summarize.engine.ops.gated_delta_rule import chunk_gated_delta_rule, naive_recurrent_gated_delta_rule
 from summarize.engine.ops.gated_delta_rule_fla import fla_chunk_gated_delta_rule, fla_usable
-from tiny_models import dense_reference, save_checkpoint
+from summarize.engine.ops.rwkv7_wkv import LOG_DECAY_MIN, chunk_rwkv7, naive_recurrent_rwkv7
+from tiny_models import RWKV_TINY, blinkdl_checkpoint, dense_reference, save_checkpoint
 
 CUDA = torch.device("cuda")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -139,3 +144,60 @@ def test_bf16_fla_path_stays_close_to_fp32(dense):
     fast = load_model(folder, device="cuda", dtype=torch.bfloat16)
     want = exact.forward(ids, exact.new_state(2))
     assert_close(fast.forward(ids, fast.new_state(2)), want, 5e-2)
+
+
+# -- RWKV-7 -------------------------------------------------------------------------------------
+
+
+def rwkv7_inputs(B=2, T=150, H=3, N=32, seed=0) -> dict:
+    """The model's domains (a = -kk, b = kk * iclr with kk unit, log w in [-e^-1/2, 0]), on the GPU."""
+    gen = torch.Generator().manual_seed(seed)
+    kk = F.normalize(torch.randn(B, T, H, N, generator=gen), dim=-1)
+    iclr = torch.rand(B, T, H, N, generator=gen)
+    x = dict(
+        r=torch.randn(B, T, H, N, generator=gen),
+        log_w=LOG_DECAY_MIN * torch.sigmoid(torch.randn(B, T, H, N, generator=gen) * 2),
+        k=torch.randn(B, T, H, N, generator=gen) * 0.5, v=torch.randn(B, T, H, N, generator=gen),
+        a=-kk, b=kk * iclr, initial_state=torch.randn(B, H, N, N, generator=gen) * 0.1,
+    )
+    return {name: t.to(CUDA) for name, t in x.items()}
+
+
+@pytest.fixture(scope="module")
+def rwkv7_checkpoint(tmp_path_factory):
+    return blinkdl_checkpoint(tmp_path_factory.mktemp("rwkv7") / "tiny.pth", **RWKV_TINY)
+
+
+@needs_fla
+@pytest.mark.parametrize("dtype, rel", [(torch.float32, 1e-2), (torch.bfloat16, 3e-2)])
+def test_fla_rwkv7_equals_the_token_by_token_recurrence(dtype, rel):
+    x = rwkv7_inputs()
+    o, final, _ = rwkv7_wkv_fla.fla_chunk_rwkv7(**x, dtype=dtype, with_stats=False)
+    rounded = {name: t if name in ("log_w", "initial_state") else t.to(dtype).float() for name, t in x.items()}
+    want_o, want_state = naive_recurrent_rwkv7(**rounded)
+    assert o.dtype == final.dtype == torch.float32
+    assert_close(o, want_o, rel)
+    assert_close(final, want_state, rel)
+
+
+@needs_fla
+def test_fla_rwkv7_diagnostics_equal_the_torch_rules():
+    x = rwkv7_inputs(seed=1)
+    _, _, got = rwkv7_wkv_fla.fla_chunk_rwkv7(**x, dtype=torch.float32)
+    _, _, want = chunk_rwkv7(**x)
+    assert_close(got.state_norm, want.state_norm, 1e-2)
+    assert_close(got.gate_mean, want.gate_mean, 1e-5)
+    assert_close(got.delta_norm, want.delta_norm, 1e-2)
+
+
+@pytest.mark.parametrize("kernels, rel", [("torch", 1e-4), ("fla", 1e-2)])
+def test_rwkv7_on_the_gpu_equals_the_cpu(rwkv7_checkpoint, monkeypatch, kernels, rel):
+    if kernels == "fla" and not rwkv7_wkv_fla.fla_usable(CUDA):
+        pytest.skip("needs fla-core")
+    if kernels == "torch":
+        monkeypatch.setattr(rwkv7, "fla_usable", lambda device: False)
+    ids = random_ids(2, 130, seed=4) % RWKV_TINY["vocab"]
+    cpu = load_model(rwkv7_checkpoint, device="cpu", dtype=torch.float32)
+    gpu = load_model(rwkv7_checkpoint, device="cuda", dtype=torch.float32)
+    want = cpu.forward(ids, cpu.new_state(2))
+    assert_close(gpu.forward(ids.to(CUDA), gpu.new_state(2)), want, rel)

@@ -111,3 +111,52 @@ def tiny_released_layout(folder: Path) -> Path:
     model = Qwen3_5ForConditionalGeneration(config).float().eval()
     randomize(model)
     return save_checkpoint(model, folder, tokenizer=True, mtp_tensors=True)
+
+
+# -- RWKV-7 --------------------------------------------------------------------------------------
+
+# C = 64, two heads of 32, distinct LoRA ranks and FFN width: a size read from the wrong tensor shows
+RWKV_TINY = dict(vocab=512, hidden=64, layers=3, head_size=32, ffn=160, ranks=dict(w=16, a=12, v=8, g=24))
+
+
+def blinkdl_checkpoint(path: Path, *, vocab: int, hidden: int, layers: int, head_size: int, ffn: int,
+                       ranks: dict[str, int], seed: int = 0, extra: dict | None = None) -> Path:
+    """A random-weight RWKV-7 with the tensor names and shapes of BlinkDL's released `.pth` files."""
+    gen = torch.Generator().manual_seed(seed)
+    C, H = hidden, hidden // head_size
+
+    def rand(*shape, scale=1.0):
+        return torch.randn(*shape, generator=gen) * scale
+
+    def vec():  # BlinkDL stores per-channel vectors as [1, 1, C]
+        return torch.rand(1, 1, C, generator=gen)
+
+    z = {
+        "emb.weight": rand(vocab, C),
+        "blocks.0.ln0.weight": 1 + rand(C, scale=0.2), "blocks.0.ln0.bias": rand(C, scale=0.1),
+        "ln_out.weight": 1 + rand(C, scale=0.2), "ln_out.bias": rand(C, scale=0.1),
+        "head.weight": rand(vocab, C, scale=C**-0.5),
+    }
+    for i in range(layers):
+        p, a, f = f"blocks.{i}.", f"blocks.{i}.att.", f"blocks.{i}.ffn."
+        for norm in ("ln1", "ln2"):
+            z[p + norm + ".weight"], z[p + norm + ".bias"] = 1 + rand(C, scale=0.2), rand(C, scale=0.1)
+        for name in ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g"):
+            z[a + name] = vec()
+        for lora in "wavg":  # layer 0 has v0/v1/v2 too in the released files; they are never used
+            if lora != "g":
+                z[a + lora + "0"] = rand(1, 1, C)
+            z[a + lora + "1"] = rand(C, ranks[lora], scale=0.3)
+            z[a + lora + "2"] = rand(ranks[lora], C, scale=0.3)
+        z[a + "k_k"] = 0.7 + rand(1, 1, C, scale=0.1)
+        z[a + "k_a"] = 1 + rand(1, 1, C, scale=0.1)
+        z[a + "r_k"] = rand(H, head_size, scale=0.3)
+        for name in ("receptance", "key", "value", "output"):
+            z[a + name + ".weight"] = rand(C, C, scale=C**-0.5)
+        z[a + "ln_x.weight"], z[a + "ln_x.bias"] = 1 + rand(C, scale=0.2), rand(C, scale=0.1)
+        z[f + "x_k"] = vec()
+        z[f + "key.weight"] = rand(ffn, C, scale=C**-0.5)
+        z[f + "value.weight"] = rand(C, ffn, scale=ffn**-0.5)
+    z |= extra or {}
+    torch.save(z, path)
+    return path

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from summarize.engine.diagnostics import Listener, merge_block_stats, report_span
 from summarize.engine.ops.gated_delta_rule import DeltaRuleStats
 from summarize.engine.ops.rwkv7_wkv import chunk_rwkv7, recurrent_step_rwkv7
+from summarize.engine.ops.rwkv7_wkv_fla import fla_chunk_rwkv7, fla_usable
 from summarize.engine.state import RecurrentLayerState, State
 from summarize.errors import SummarizeError
 
@@ -221,6 +222,9 @@ class TimeMix(nn.Module):
             step = recurrent_step_rwkv7(**one_token, state=state.matrix, with_stats=with_stats)
             o, stats = step if with_stats else (step, None)
             o = o[:, None]
+        elif x.is_cuda and fla_usable(x.device):
+            o, final, stats = fla_chunk_rwkv7(**ops, initial_state=state.matrix, dtype=x.dtype, with_stats=with_stats)
+            state.matrix.copy_(final)
         else:
             o, final, stats = chunk_rwkv7(**ops, initial_state=state.matrix, with_stats=with_stats)
             state.matrix.copy_(final)

@@ -4,6 +4,8 @@
 - ``chunk_rwkv7``: the chunked parallel form, for prefill.
 - ``recurrent_step_rwkv7``: one token, state updated in place, for decode.
 
+On CUDA with fla-core installed, prefill runs ``rwkv7_wkv_fla`` instead (the same contract).
+
 Shared conventions (B batch, T tokens, H heads, K = V = head size):
 
     r, k, a, b  [B, T, H, K]  receptance, key, and the two vectors of the low-rank transition
