@@ -13,12 +13,13 @@ diagnostics need (design §4: delta_norm). The pieces are those of fla-core 0.5.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
 from torch import Tensor
 
-__all__ = ["fla_chunk_gated_delta_rule", "fla_usable"]
+__all__ = ["fla_chunk_gated_delta_rule", "fla_usable", "on_device"]
 
 FLA_CHUNK_TOKENS = 64  # the kernels' fused intra-chunk solve is written for 64
 
@@ -40,6 +41,11 @@ def _kernels():
 def fla_usable(device: torch.device) -> bool:
     """True on a CUDA device with fla-core importable."""
     return device.type == "cuda" and _kernels() is not None
+
+
+def on_device(device: torch.device):
+    """Make `device` the current CUDA device, where Triton launches its kernels."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 @torch.no_grad()
@@ -64,13 +70,14 @@ def fla_chunk_gated_delta_rule(
     C = FLA_CHUNK_TOKENS
     dtype = v.dtype
     q_in, k_in, v = (x.to(dtype).contiguous() for x in (q, k, v))
-    # the kernels work in base 2: g is summed within each chunk and scaled by 1/ln 2
-    g_cum = local_cumsum(g.float().contiguous(), chunk_size=C, scale=rcp_ln2)
-    w, u, _ = intra(k=k_in, v=v, g=g_cum, beta=beta.to(dtype).contiguous(), chunk_size=C)
-    chunk_states, u, final = recurrence(
-        k=k_in, w=w, u=u, g=g_cum, initial_state=state.float().contiguous(), output_final_state=True, chunk_size=C
-    )
-    o = output(q=q_in, k=k_in, v=u, h=chunk_states, g=g_cum, scale=K**-0.5, chunk_size=C)
+    with on_device(v.device):
+        # the kernels work in base 2: g is summed within each chunk and scaled by 1/ln 2
+        g_cum = local_cumsum(g.float().contiguous(), chunk_size=C, scale=rcp_ln2)
+        w, u, _ = intra(k=k_in, v=v, g=g_cum, beta=beta.to(dtype).contiguous(), chunk_size=C)
+        chunk_states, u, final = recurrence(
+            k=k_in, w=w, u=u, g=g_cum, initial_state=state.float().contiguous(), output_final_state=True, chunk_size=C
+        )
+        o = output(q=q_in, k=k_in, v=u, h=chunk_states, g=g_cum, scale=K**-0.5, chunk_size=C)
     if not with_stats:
         none = final.new_empty(0)
         return o, final, none, none.clone(), none.clone()

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from summarize.engine.ops.gated_delta_rule import DeltaRuleStats
+from summarize.engine.ops.gated_delta_rule_fla import on_device
 
 __all__ = ["fla_chunk_rwkv7", "fla_usable"]
 
@@ -55,11 +56,12 @@ def fla_chunk_rwkv7(
     """
     B, T = k.shape[:2]
     r_in, k_in, v_in, a_in, b_in = (x.to(dtype).contiguous() for x in (r, k, v, a, b))
-    o, final, _, pieces = _forward()(
-        q=r_in, k=k_in, v=v_in, a=a_in, b=b_in, gk=log_w.float().contiguous(), scale=1.0,
-        initial_state=initial_state.float().contiguous(), output_final_state=True,
-        chunk_size=FLA_CHUNK_TOKENS, disable_recompute=True,  # keeps the intermediates, u among them
-    )
+    with on_device(v.device):
+        o, final, _, pieces = _forward()(
+            q=r_in, k=k_in, v=v_in, a=a_in, b=b_in, gk=log_w.float().contiguous(), scale=1.0,
+            initial_state=initial_state.float().contiguous(), output_final_state=True,
+            chunk_size=FLA_CHUNK_TOKENS, disable_recompute=True,  # keeps the intermediates, u among them
+        )
     o = o.float()
     if not with_stats:
         return o, final, None
