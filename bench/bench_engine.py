@@ -383,7 +383,7 @@ def checkpoint(args, scratch: Path) -> Path:
         return build_tiny(folder)
     from random_checkpoint import build
 
-    return build(args.shape, folder, CHECKPOINT_DTYPE)
+    return build(args.shape, folder, CHECKPOINT_DTYPE, args.layers)
 
 
 def best_time(fn) -> float:
@@ -589,7 +589,7 @@ def report(args, lengths: list[int], limits: dict, results: dict) -> None:
                 f"KV per token; our process before loading (torch imported) {ours[0]['baseline_rss'] / 1e9:.2f} GB; "
                 f"prefill and decode steps {'compiled' if ours[0].get('compiled') else 'eager'}."
             )
-    shape = "tiny" if args.tiny else args.shape
+    shape = "tiny" if args.tiny else args.shape + (f" (its first {args.layers} layers)" if args.layers else "")
     print(f"### Qwen3.5 {shape}, random weights, {args.threads} threads, median of {args.repeats}\n")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
@@ -621,6 +621,7 @@ def transformers_version() -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="0.8B", choices=["0.8B", "2B", "35B-A3B"], help="a real Qwen3.5 shape")
+    p.add_argument("--layers", type=int, help="only the shape's first N layers (for a checkpoint built here)")
     p.add_argument("--tiny", action="store_true", help="a tiny random model and short lengths: a quick self-test")
     p.add_argument("--folder", help="checkpoint folder: reused if it holds config.json, else built there and kept")
     p.add_argument("--dtypes", default="bfloat16,float32,int8", help="int8: int8 weights, bf16 compute")

@@ -1,9 +1,11 @@
 """Write a random-weight checkpoint of a real Qwen3.5 shape (from ../shared/reference/qwen3.5).
 
-    python bench/random_checkpoint.py 0.8B /tmp/qwen3.5-0.8B-random [--dtype bfloat16]
+    python bench/random_checkpoint.py 0.8B /tmp/qwen3.5-0.8B-random [--dtype bfloat16] [--layers N]
 
 transformers builds and saves it, so the files are laid out exactly as the hub's. Weight values
-do not change speed or memory. The real tokenizer is copied beside it.
+do not change speed or memory. The real tokenizer is copied beside it. `--layers N` keeps the
+first N layers (their types as in the full model): the MoE shape's 40 layers (70 GB in bf16) do
+not fit a small machine, its first 4 (two thirds of them experts) do.
 """
 
 from __future__ import annotations
@@ -19,17 +21,19 @@ REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "qwen
 TOKENIZER = REFERENCE / "tokenizer.json"
 
 
-def text_config(name: str) -> dict:
+def text_config(name: str, layers: int | None = None) -> dict:
     config = json.loads((REFERENCE / f"Qwen3.5-{name}.config.json").read_text())
     text = dict(config.get("text_config", config))
     text["tie_word_embeddings"] = config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    if layers is not None:
+        text["num_hidden_layers"], text["layer_types"] = layers, text["layer_types"][:layers]
     return text
 
 
-def build(name: str, folder: Path, dtype: torch.dtype) -> Path:
+def build(name: str, folder: Path, dtype: torch.dtype, layers: int | None = None) -> Path:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    text = text_config(name)
+    text = text_config(name, layers)
     config = AutoConfig.for_model(text.pop("model_type"), **text)
     torch.manual_seed(0)
     with torch.device("cpu"):
@@ -53,5 +57,6 @@ if __name__ == "__main__":
     parser.add_argument("shape", choices=["0.8B", "2B", "9B", "35B-A3B"])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--layers", type=int, help="keep only the first N layers")
     args = parser.parse_args()
-    print(build(args.shape, args.folder, getattr(torch, args.dtype)))
+    print(build(args.shape, args.folder, getattr(torch, args.dtype), args.layers))
