@@ -21,6 +21,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from summarize.engine import load_model, qwen3_5, rwkv7  # noqa: E402
+from summarize.engine.ops import fla_support  # noqa: E402
 from summarize.engine.ops.gated_delta_rule import chunk_gated_delta_rule  # noqa: E402
 from summarize.engine.ops.gated_delta_rule_fla import fla_chunk_gated_delta_rule  # noqa: E402
 from summarize.engine.ops.rwkv7_wkv import LOG_DECAY_MIN, chunk_rwkv7  # noqa: E402
@@ -81,4 +82,6 @@ with_fla_on_cpu(qwen3_5.GatedDeltaNet)
 with_fla_on_cpu(rwkv7.TimeMix)
 check("Qwen3.5 tiny model logits", qwen.forward(ids, qwen.new_state(2)), want_qwen)
 check("RWKV-7 tiny model logits", rwkv.forward(ids, rwkv.new_state(2)), want_rwkv)
+if fla_support.turned_off():  # a kernel failed and the models fell back to the torch path
+    failures.append("fla's kernels ran (they failed and were turned off)")
 sys.exit(f"{len(failures)} failed: {', '.join(failures)}" if failures else 0)

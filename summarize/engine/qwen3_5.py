@@ -232,8 +232,11 @@ class GatedDeltaNet(nn.Module):
         beta = b.float().sigmoid()
         g = self.neg_A * F.softplus(a.float() + self.dt_bias)  # log-space decay, ≤ 0
         stats = None
+        result = None
         if T > 1 and x.is_cuda and fla_usable(x.device):  # fla's kernels take the k heads as they are
-            o, final, *stats = fla_chunk_gated_delta_rule(q, k, v, g, beta, state.matrix, with_stats)
+            result = fla_chunk_gated_delta_rule(q, k, v, g, beta, state.matrix, with_stats)  # None: they failed
+        if result is not None:
+            o, final, *stats = result
             state.matrix.copy_(final)
             stats = DeltaRuleStats(*stats) if with_stats else None
             return self._output(o, z, x.dtype), stats

@@ -222,11 +222,10 @@ class TimeMix(nn.Module):
             step = recurrent_step_rwkv7(**one_token, state=state.matrix, with_stats=with_stats)
             o, stats = step if with_stats else (step, None)
             o = o[:, None]
-        elif x.is_cuda and fla_usable(x.device):
-            o, final, stats = fla_chunk_rwkv7(**ops, initial_state=state.matrix, dtype=x.dtype, with_stats=with_stats)
-            state.matrix.copy_(final)
         else:
-            o, final, stats = chunk_rwkv7(**ops, initial_state=state.matrix, with_stats=with_stats)
+            fla = x.is_cuda and fla_usable(x.device)
+            result = fla_chunk_rwkv7(**ops, initial_state=state.matrix, dtype=x.dtype, with_stats=with_stats) if fla else None
+            o, final, stats = result or chunk_rwkv7(**ops, initial_state=state.matrix, with_stats=with_stats)
             state.matrix.copy_(final)
 
         o = F.group_norm(o.reshape(B * T, C), H, self.ln_x_weight, self.ln_x_bias, self.group_norm_eps).view(heads)

@@ -13,13 +13,14 @@ diagnostics need (design §4: delta_norm). The pieces are those of fla-core 0.5.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
 from torch import Tensor
 
-__all__ = ["fla_chunk_gated_delta_rule", "fla_usable", "on_device"]
+from summarize.engine.ops.fla_support import on_device, turn_off, turned_off
+
+__all__ = ["fla_chunk_gated_delta_rule", "fla_usable"]
 
 FLA_CHUNK_TOKENS = 64  # the kernels' fused intra-chunk solve is written for 64
 
@@ -39,20 +40,16 @@ def _kernels():
 
 
 def fla_usable(device: torch.device) -> bool:
-    """True on a CUDA device with fla-core importable."""
-    return device.type == "cuda" and _kernels() is not None
-
-
-def on_device(device: torch.device):
-    """Make `device` the current CUDA device, where Triton launches its kernels."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    """True on a CUDA device with fla-core importable, until one of fla's kernels fails."""
+    return device.type == "cuda" and not turned_off() and _kernels() is not None
 
 
 @torch.no_grad()
 def fla_chunk_gated_delta_rule(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, with_stats: bool
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The recurrence over a span from ``state`` (not modified), in fla's kernels.
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None:
+    """The recurrence over a span from ``state`` (not modified), in fla's kernels; None if they
+    fail (fla is then turned off for the process: the caller runs the torch path).
 
     Args:
         q, k: [B, T, H_k, K], L2-normalised over K (any float dtype; the kernels read v's).
@@ -64,6 +61,14 @@ def fla_chunk_gated_delta_rule(
         o [B, T, H, V] in v.dtype, the final state [B, H, K, V] fp32, then state_norm, gate_mean and
         delta_norm ([B] each, fp32; empty without ``with_stats``), as ``chunk_rule_op``.
     """
+    try:
+        return _chunk(q, k, v, g, beta, state, with_stats)
+    except Exception as error:  # noqa: BLE001 - a kernel that cannot run here: the torch path can
+        turn_off(error)
+        return None
+
+
+def _chunk(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, with_stats: bool):
     local_cumsum, rcp_ln2, intra, recurrence, output = _kernels()
     B, T, Hk, K = k.shape
     H = v.shape[2]

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from summarize.engine.ops.gated_delta_rule import DeltaRuleStats
-from summarize.engine.ops.gated_delta_rule_fla import on_device
+from summarize.engine.ops.fla_support import on_device, turn_off, turned_off
 
 __all__ = ["fla_chunk_rwkv7", "fla_usable"]
 
@@ -35,16 +35,17 @@ def _forward():
 
 
 def fla_usable(device: torch.device) -> bool:
-    """True on a CUDA device with fla-core importable."""
-    return device.type == "cuda" and _forward() is not None
+    """True on a CUDA device with fla-core importable, until one of fla's kernels fails."""
+    return device.type == "cuda" and not turned_off() and _forward() is not None
 
 
 @torch.no_grad()
 def fla_chunk_rwkv7(
     *, r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor,
     initial_state: Tensor, dtype: torch.dtype, with_stats: bool = True,
-) -> tuple[Tensor, Tensor, DeltaRuleStats | None]:
-    """As ``rwkv7_wkv.chunk_rwkv7`` from ``initial_state`` (not modified), in fla's kernels.
+) -> tuple[Tensor, Tensor, DeltaRuleStats | None] | None:
+    """As ``rwkv7_wkv.chunk_rwkv7`` from ``initial_state`` (not modified), in fla's kernels; None if
+    they fail (fla is then turned off for the process: the caller runs the torch path).
 
     Args:
         r, k, a, b: [B, T, H, K].  log_w: [B, T, H, K], log-space decay.  v: [B, T, H, V].
@@ -56,12 +57,16 @@ def fla_chunk_rwkv7(
     """
     B, T = k.shape[:2]
     r_in, k_in, v_in, a_in, b_in = (x.to(dtype).contiguous() for x in (r, k, v, a, b))
-    with on_device(v.device):
-        o, final, _, pieces = _forward()(
-            q=r_in, k=k_in, v=v_in, a=a_in, b=b_in, gk=log_w.float().contiguous(), scale=1.0,
-            initial_state=initial_state.float().contiguous(), output_final_state=True,
-            chunk_size=FLA_CHUNK_TOKENS, disable_recompute=True,  # keeps the intermediates, u among them
-        )
+    try:
+        with on_device(v.device):
+            o, final, _, pieces = _forward()(
+                q=r_in, k=k_in, v=v_in, a=a_in, b=b_in, gk=log_w.float().contiguous(), scale=1.0,
+                initial_state=initial_state.float().contiguous(), output_final_state=True,
+                chunk_size=FLA_CHUNK_TOKENS, disable_recompute=True,  # keeps the intermediates, u among them
+            )
+    except Exception as error:  # noqa: BLE001 - a kernel that cannot run here: the torch path can
+        turn_off(error)
+        return None
     o = o.float()
     if not with_stats:
         return o, final, None

@@ -1,0 +1,29 @@
+"""What the two fla adapters share: the device their kernels launch on, and the switch that turns
+fla off for the rest of the process once one of its kernels has failed (the torch path runs
+instead, as `compiled` falls back to eager code)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import torch
+
+_failure: list[str] = []  # the first failure, once there was one
+
+
+def on_device(device: torch.device):
+    """Make `device` the current CUDA device, where Triton launches its kernels."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def turned_off() -> bool:
+    return bool(_failure)
+
+
+def turn_off(error: Exception) -> None:
+    """Stop using fla's kernels in this process, and say why once on stderr."""
+    if not _failure:
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        _failure.append(first_line)
+        print(f"summarize: running without flash-linear-attention's kernels ({first_line[:200]})", file=sys.stderr)
