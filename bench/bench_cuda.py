@@ -17,8 +17,8 @@ Method
 - Our torch path: the same model with fla switched off (`qwen3_5.fla_usable` patched to False).
 - Transformers runs `model(ids, use_cache=True, logits_to_keep=1)` under torch.inference_mode,
   with whatever Gated DeltaNet kernel it picks by itself (fla's when it finds fla installed).
-- Peak memory: torch.cuda.max_memory_allocated during the call, less what was allocated before
-  it (the weights, and for decode the state).
+- Peak memory: torch.cuda.max_memory_allocated during a prefill, less what was allocated before
+  it (the weights).
 """
 
 from __future__ import annotations
@@ -35,9 +35,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_engine import build_tiny, greedy_token, ours_steps, random_ids, stats_off, transformers_steps  # noqa: E402
-
-DASH = "–"
+from bench_engine import DASH, build_tiny, greedy_token, ours_steps, random_ids, stats_off, transformers_steps  # noqa: E402
 
 
 def sync() -> None:

@@ -41,7 +41,10 @@ def check(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
 
 def with_fla_on_cpu(cls) -> None:
     """cls.forward with its CUDA test dropped, so the fla branch runs on the CPU."""
-    source = textwrap.dedent(inspect.getsource(cls.forward)).replace("x.is_cuda and fla_usable(x.device)", "True")
+    source = textwrap.dedent(inspect.getsource(cls.forward))
+    test = "x.is_cuda and fla_usable(x.device)"
+    assert test in source, f"{cls.__name__}.forward no longer tests {test!r}: update this script"
+    source = source.replace(test, "True")
     namespace: dict = {}
     exec(source, vars(inspect.getmodule(cls)), namespace)
     cls.forward = namespace["forward"]
