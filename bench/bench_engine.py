@@ -3,6 +3,8 @@
     python bench/bench_engine.py --folder /tmp/qwen3.5-0.8B-random   # the full run: 0.8B, bf16, fp32, int8
     python bench/bench_engine.py --dtypes bfloat16 --skip-transformers   # our engine only, bf16
     python bench/bench_engine.py --tiny                                 # self-test on a tiny model, < 1 min
+    python bench/bench_engine.py --folder /tmp/q08 --dtypes bfloat16,int8 \
+        --llama-bench ~/llama.cpp/build/bin/llama-bench --gguf bfloat16=/tmp/q08-bf16.gguf --gguf int8=/tmp/q08-q8_0.gguf
 
 Prints one markdown table: prefill tok/s at each length, decode tok/s after a 512-token prompt,
 batched decode (aggregate tok/s at B=1 and B=--batch), peak RSS against weight bytes and the cost
@@ -39,6 +41,12 @@ Method
   with listener None (the default: cheap stats and a NaN check) and with a no-op listener (full
   SpanReports); decode with listener None (no stats) and with a no-op listener. Interleaved, at
   least 5 runs each; the cost is the median of the ratios of runs made back to back.
+- llama.cpp (with --llama-bench and --gguf, the same random weights converted to GGUF: BF16 for
+  the bf16 rows, Q8_0 for the int8 ones): each figure is one llama-bench process of its own
+  (`-t --threads -r --repeats`, its warm-up run first), the median of its samples. Prefill:
+  `-p N -n 0`; decode: `-p 0 -n --decode-tokens -d --decode-prompt` (generation after a prompt of
+  that depth); peak RSS: that process's. If a decode after a prompt fails, it is measured once
+  more without the prompt, and the cell says so.
 - Prefill ceiling = matmul FLOP/s (torch.mm 2048³, measured in our prefill worker just before and
   just after its timed calls, the better of the two: shared machines drift in speed by more than
   the figures measured) / FLOP per token, FLOP per token = 2 ×
@@ -448,6 +456,40 @@ def run_worker(args, engine: str, job: str, dtype: str, **extra) -> dict | None:
         return None
 
 
+def llama_cpp(args, gguf: str, *, prompt: int, generate: int, depth: int = 0) -> dict | None:
+    """One llama-bench test in a process of its own: tok/s (median of its samples) and its peak RSS."""
+    command = [args.llama_bench, "-m", gguf, "-t", str(args.threads), "-r", str(args.repeats), "-o", "json",
+               "-p", str(prompt), "-n", str(generate), "-d", str(depth)]
+    what = f"llama.cpp {Path(gguf).name} -p {prompt} -n {generate} -d {depth}"
+    log(f"{what} ...")
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        child = subprocess.Popen(command, stdout=out, stderr=err)
+        _, status, usage = os.wait4(child.pid, 0)  # this child's own peak RSS, not that of all children
+        child.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+    if child.returncode != 0:
+        tail = "\n    ".join(stderr.strip().splitlines()[-3:])
+        log(f"{what} failed (exit {child.returncode}), shown as {DASH}:\n    {tail}")
+        return None
+    try:
+        samples = json.loads(stdout)[0]["samples_ts"]
+    except (json.JSONDecodeError, IndexError, KeyError):
+        log(f"{what} printed no result, shown as {DASH}")
+        return None
+    return {"tok_s": statistics.median(samples), "peak_rss": usage.ru_maxrss * 1024}
+
+
+def measure_llama_cpp(args, gguf: str, lengths: list[int]) -> dict:
+    m: dict = {("prefill", n): llama_cpp(args, gguf, prompt=n, generate=0) for n in lengths}
+    m["decode"] = llama_cpp(args, gguf, prompt=0, generate=args.decode_tokens, depth=args.decode_prompt)
+    if m["decode"] is None:
+        m["decode"] = llama_cpp(args, gguf, prompt=0, generate=args.decode_tokens)
+        if m["decode"] is not None:
+            m["decode"]["without_prompt"] = True
+    return m
+
+
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -462,6 +504,8 @@ def measure(args, dtype: str, lengths: list[int]) -> dict:
     m["diagnostics"] = run_worker(args, "ours", "diagnostics", dtype)
     if "transformers" in engines:
         m["side_by_side"] = run_worker(args, "both", "side_by_side", dtype)
+    if args.llama_bench and dtype in args.gguf:
+        m["llama"] = measure_llama_cpp(args, args.gguf[dtype], lengths)
     return m
 
 
@@ -519,8 +563,12 @@ def rows_for(args, dtype: str, m: dict, limits: dict, costs: dict | None, length
     short = {"bfloat16": "bf16", "float32": "fp32", "int8": "int8 (bf16 compute)"}.get(dtype, dtype)
     rows: list[list[str]] = []
 
-    def row(figure: str, ours: str, ref: str = "", ratio_: str = "", ceiling: str = "", fraction: str = "") -> None:
-        rows.append([short, figure, ours, ref, ratio_, ceiling, fraction])
+    llama = m.get("llama", {})
+
+    def row(figure: str, ours: str, ref: str = "", ratio_: str = "", ceiling: str = "", fraction: str = "",
+            llama_cell: str = "", llama_ratio: str = "") -> None:
+        rows.append([short, figure, ours, ref, ratio_] + ([llama_cell, llama_ratio] if args.llama_bench else [])
+                    + [ceiling, fraction])
 
     def prefill(engine: str, length: int) -> float | None:
         seconds = get(m["prefill"].get((engine, length)), "prefill_s")
@@ -535,7 +583,9 @@ def rows_for(args, dtype: str, m: dict, limits: dict, costs: dict | None, length
         ours, ref = prefill("ours", length), prefill("transformers", length)
         gflops = get(m["prefill"].get(("ours", length)), "matmul_gflops") or run_gflops
         ceiling = gflops * 1e9 / prefill_flop(costs, length) if costs and gflops else None
-        row(f"prefill {length} tok/s", fmt(ours), fmt(ref), ratio(ours, ref), fmt(ceiling), share(ours, ceiling))
+        theirs = get(llama.get(("prefill", length)), "tok_s")
+        row(f"prefill {length} tok/s", fmt(ours), fmt(ref), ratio(ours, ref), fmt(ceiling), share(ours, ceiling),
+            fmt(theirs) if llama else "", ratio(ours, theirs) if llama else "")
     if len(lengths) > 1:
         first, last = lengths[0], lengths[-1]
         row(f"prefill slowdown {first} → {last}",
@@ -543,8 +593,10 @@ def rows_for(args, dtype: str, m: dict, limits: dict, costs: dict | None, length
 
     ours, ref = decode("ours", 1), decode("transformers", 1)
     ceiling = memory_gbps(limits) * 1e9 / decode_bytes(costs, args.decode_prompt) if costs else None
+    theirs = get(llama.get("decode"), "tok_s")
+    note = " (no prompt)" if (llama.get("decode") or {}).get("without_prompt") else ""
     row(f"decode tok/s (after {args.decode_prompt})", fmt(ours, 2), fmt(ref, 2), ratio(ours, ref), fmt(ceiling, 2),
-        share(ours, ceiling))
+        share(ours, ceiling), fmt(theirs, 2) + note if llama else "", ratio(ours, theirs) if llama else "")
     batched = decode("ours", args.batch)
     row("batched decode B=1, aggregate tok/s", fmt(ours, 2), DASH)
     row(f"batched decode B={args.batch}, aggregate tok/s (ratio: vs B=1)", fmt(batched, 2), DASH, ratio(batched, ours))
@@ -552,8 +604,10 @@ def rows_for(args, dtype: str, m: dict, limits: dict, costs: dict | None, length
     weights = costs["weight_bytes"] if costs else None
     for length in lengths:
         ours, ref = (get(m["prefill"].get((e, length)), "peak_rss") for e in ("ours", "transformers"))
-        cells = (DASH if rss is None else f"{rss / 1e9:.2f} GB ({ratio(rss, weights)})" for rss in (ours, ref))
-        row(f"peak RSS, prefill {length} (× weight bytes)", *cells, ratio(ours, ref))
+        theirs = get(llama.get(("prefill", length)), "peak_rss")
+        cell = lambda rss: DASH if rss is None else f"{rss / 1e9:.2f} GB ({ratio(rss, weights)})"  # noqa: E731
+        row(f"peak RSS, prefill {length} (× our weight bytes)", cell(ours), cell(ref), ratio(ours, ref), "", "",
+            cell(theirs) if llama else "", ratio(ours, theirs) if llama else "")
 
     pair = m.get("side_by_side")
     if pair:
@@ -572,7 +626,9 @@ def rows_for(args, dtype: str, m: dict, limits: dict, costs: dict | None, length
 
 
 def report(args, lengths: list[int], limits: dict, results: dict) -> None:
-    header = ["dtype", "figure", "ours", "transformers", "ours / transformers", "ceiling", "ours / ceiling"]
+    header = ["dtype", "figure", "ours", "transformers", "ours / transformers"]
+    header += ["llama.cpp", "ours / llama.cpp"] if args.llama_bench else []
+    header += ["ceiling", "ours / ceiling"]
     rows, notes = [], []
     for dtype, m in results.items():
         runs = [*(m["prefill"].get(("ours", n)) for n in lengths), m["decode", "ours"], m["diagnostics"]]
@@ -607,6 +663,18 @@ def report(args, lengths: list[int], limits: dict, results: dict) -> None:
                   f"ceilings' basis: {' / '.join(DASH if r is None else f'{r:.0f}' for r in rates)} GFLOP/s.")
     for note in notes:
         print(note)
+    if args.llama_bench:
+        print(f"llama.cpp: {llama_cpp_version(args.llama_bench)}; GGUF files: "
+              + ", ".join(f"{dtype} {path}" for dtype, path in args.gguf.items()) + ".")
+
+
+def llama_cpp_version(binary: str) -> str:
+    try:
+        done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return "version unknown"
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    return next((line.strip() for line in lines if "build" in line.lower()), "version unknown")
 
 
 def transformers_version() -> str:
@@ -633,12 +701,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--skip-transformers", action="store_true")
+    p.add_argument("--llama-bench", help="a llama-bench binary: llama.cpp's figures beside ours (needs --gguf)")
+    p.add_argument("--gguf", action="append", default=[], metavar="DTYPE=FILE",
+                   help="the checkpoint converted to GGUF for one of --dtypes (BF16 for bfloat16, Q8_0 for int8)")
     # internal: one measurement in a subprocess
     p.add_argument("--worker", choices=["ours", "transformers", "both"], help=argparse.SUPPRESS)
     p.add_argument("--job", choices=["prefill", "decode", "diagnostics", "side_by_side"], help=argparse.SUPPRESS)
     p.add_argument("--dtype", help=argparse.SUPPRESS)
     p.add_argument("--length", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    gguf = dict(item.split("=", 1) for item in args.gguf if "=" in item)
+    if len(gguf) != len(args.gguf) or (args.llama_bench and not gguf) or (gguf and not args.llama_bench):
+        p.error("--llama-bench and --gguf DTYPE=FILE go together")
+    args.gguf = gguf
     for key, value in (TINY_DEFAULTS if args.tiny else FULL_DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
