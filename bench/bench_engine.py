@@ -602,10 +602,12 @@ def rows_for(args, dtype: str, m: dict, limits: dict, costs: dict | None, length
     row(f"batched decode B={args.batch}, aggregate tok/s (ratio: vs B=1)", fmt(batched, 2), DASH, ratio(batched, ours))
 
     weights = costs["weight_bytes"] if costs else None
+
+    def cell(rss: float | None) -> str:
+        return DASH if rss is None else f"{rss / 1e9:.2f} GB ({ratio(rss, weights)})"
     for length in lengths:
         ours, ref = (get(m["prefill"].get((e, length)), "peak_rss") for e in ("ours", "transformers"))
         theirs = get(llama.get(("prefill", length)), "peak_rss")
-        cell = lambda rss: DASH if rss is None else f"{rss / 1e9:.2f} GB ({ratio(rss, weights)})"  # noqa: E731
         row(f"peak RSS, prefill {length} (× our weight bytes)", cell(ours), cell(ref), ratio(ours, ref), "", "",
             cell(theirs) if llama else "", ratio(ours, theirs) if llama else "")
 
