@@ -463,7 +463,11 @@ def llama_cpp(args, gguf: str, *, prompt: int, generate: int, depth: int = 0) ->
     what = f"llama.cpp {Path(gguf).name} -p {prompt} -n {generate} -d {depth}"
     log(f"{what} ...")
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        child = subprocess.Popen(command, stdout=out, stderr=err)
+        try:
+            child = subprocess.Popen(command, stdout=out, stderr=err)
+        except OSError as e:
+            log(f"{what} could not start ({e.strerror}: {args.llama_bench}), shown as {DASH}")
+            return None
         _, status, usage = os.wait4(child.pid, 0)  # this child's own peak RSS, not that of all children
         child.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0), err.seek(0)
