@@ -36,6 +36,8 @@ class RecurrentLayerState:
     def nbytes(self) -> int:
         return _nbytes(self.matrix) + _nbytes(self.shift)
 
+    bytes_per_token = 0  # fixed size: nothing grows with the context
+
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"matrix": self.matrix, "shift": self.shift}
 
@@ -54,10 +56,14 @@ class KVCache:
         return self.keys.shape[2]
 
     @property
+    def bytes_per_token(self) -> int:
+        """Bytes of one cached position, keys and values, all rows of the batch."""
+        return 2 * self.keys.shape[0] * self.keys.shape[1] * self.keys.shape[3] * self.keys.element_size()
+
+    @property
     def nbytes(self) -> int:
         """Bytes of the valid positions (what the cache holds, not what it has reserved)."""
-        per_token = self.keys.shape[0] * self.keys.shape[1] * self.keys.shape[3] * self.keys.element_size()
-        return 2 * per_token * self.length
+        return self.bytes_per_token * self.length
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write keys/values [B, H_kv, T, D] after the valid prefix; return all valid keys/values."""
@@ -130,6 +136,11 @@ class State:
     @property
     def kv_nbytes(self) -> int:
         return sum(layer.nbytes for layer in self.layers if isinstance(layer, KVCache))
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes that one more cached token adds, for the whole batch (the attention layers' share)."""
+        return sum(layer.bytes_per_token for layer in self.layers)
 
     @property
     def kv_tokens(self) -> int:
