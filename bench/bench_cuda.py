@@ -14,7 +14,7 @@ Method
 - Each figure: a warm-up call (Triton compiles its kernels on first use), then --repeats rounds
   in which the engines' calls alternate, not always in the same order; the median per engine,
   and ratios as the median of the ratios of calls made in the same round.
-- Our torch path: the same model with fla switched off (`qwen3_5.fla_usable` patched to False).
+- Our torch path: the same model with fla switched off (`ops.gated_delta_rule.fla_usable` patched to False).
 - Transformers runs `model(ids, use_cache=True, logits_to_keep=1)` under torch.inference_mode,
   with whatever Gated DeltaNet kernel it picks by itself (fla's when it finds fla installed).
 - Peak memory: torch.cuda.max_memory_allocated during a prefill, less what was allocated before
@@ -65,14 +65,14 @@ def peak_bytes(fn) -> int | None:
 @contextmanager
 def torch_path():
     """Our engine with fla's kernels switched off."""
-    from summarize.engine import qwen3_5
+    from summarize.engine.ops import gated_delta_rule
 
-    original = qwen3_5.fla_usable
-    qwen3_5.fla_usable = lambda device: False
+    original = gated_delta_rule.fla_usable
+    gated_delta_rule.fla_usable = lambda device: False
     try:
         yield
     finally:
-        qwen3_5.fla_usable = original
+        gated_delta_rule.fla_usable = original
 
 
 def rounds(calls: dict, repeats: int) -> dict[str, list[float]]:

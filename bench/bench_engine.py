@@ -145,7 +145,7 @@ def random_ids(vocab: int, batch: int, tokens: int) -> torch.Tensor:
 def model_costs(model) -> dict:
     """What one token costs our model: weight bytes, matmul weights, bytes a decode step reads."""
     cfg = model.cfg
-    tied = model.lm_head is model.embed
+    tied = model.lm_head is model.embed_tokens
     active = cfg.num_experts_per_tok / cfg.num_experts if cfg.num_experts else 1.0
     seen, weight_bytes, matmul_params, step_bytes = set(), 0, 0.0, 0.0
     for name, buf in model.named_buffers():
@@ -154,7 +154,7 @@ def model_costs(model) -> dict:
         seen.add(buf.data_ptr())
         nbytes = buf.numel() * buf.element_size()
         weight_bytes += nbytes
-        if name.startswith(("embed.", "lm_head.")):
+        if name.startswith(("embed_tokens.", "lm_head.")):
             if name.startswith("lm_head.") or tied:  # the head reads all of it; an embedding lookup one row
                 step_bytes += nbytes
             continue

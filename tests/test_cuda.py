@@ -20,8 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from summarize.engine import load_model
-from summarize.engine import qwen3_5, rwkv7
-from summarize.engine.ops import rwkv7_wkv_fla
+from summarize.engine.ops import gated_delta_rule, rwkv7_wkv, rwkv7_wkv_fla
 from summarize.engine.ops.gated_delta_rule import chunk_gated_delta_rule, naive_recurrent_gated_delta_rule
 from summarize.engine.ops.gated_delta_rule_fla import fla_chunk_gated_delta_rule, fla_usable
 from summarize.engine.ops.rwkv7_wkv import LOG_DECAY_MIN, chunk_rwkv7, naive_recurrent_rwkv7
@@ -69,7 +68,7 @@ def dense(tmp_path_factory):
 
 @pytest.fixture
 def torch_path(monkeypatch):
-    monkeypatch.setattr(qwen3_5, "fla_usable", lambda device: False)
+    monkeypatch.setattr(gated_delta_rule, "fla_usable", lambda device: False)
 
 
 # -- fla's kernels equal the recurrence ---------------------------------------------------------
@@ -79,7 +78,7 @@ def torch_path(monkeypatch):
 @pytest.mark.parametrize("dtype, rel", [(torch.float32, 1e-2), (torch.bfloat16, 3e-2)])
 def test_fla_rule_equals_the_token_by_token_recurrence(dtype, rel):
     q, k, v, g, beta, state = rule_inputs()
-    o, final, *_ = fla_chunk_gated_delta_rule(q, k, v.to(dtype), g, beta, state, False)
+    o, final, _ = fla_chunk_gated_delta_rule(q=q, k=k, v=v.to(dtype), g=g, beta=beta, initial_state=state, with_stats=False)
     groups = v.shape[2] // k.shape[2]
     want_o, want_state = naive_recurrent_gated_delta_rule(
         q=q.repeat_interleave(groups, 2), k=k.repeat_interleave(groups, 2), v=v.to(dtype).float(),
@@ -93,7 +92,8 @@ def test_fla_rule_equals_the_token_by_token_recurrence(dtype, rel):
 @needs_fla
 def test_fla_rule_diagnostics_equal_the_torch_rules():
     q, k, v, g, beta, state = rule_inputs(seed=1)
-    _, _, state_norm, gate_mean, delta_norm = fla_chunk_gated_delta_rule(q, k, v, g, beta, state, True)
+    _, _, stats = fla_chunk_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=state)
+    state_norm, gate_mean, delta_norm = stats.state_norm, stats.gate_mean, stats.delta_norm
     groups = v.shape[2] // k.shape[2]
     _, _, want = chunk_gated_delta_rule(
         q=q.repeat_interleave(groups, 2), k=k.repeat_interleave(groups, 2), v=v, g=g, beta=beta, initial_state=state
@@ -195,7 +195,7 @@ def test_rwkv7_on_the_gpu_equals_the_cpu(rwkv7_checkpoint, monkeypatch, kernels,
     if kernels == "fla" and not rwkv7_wkv_fla.fla_usable(CUDA):
         pytest.skip("needs fla-core")
     if kernels == "torch":
-        monkeypatch.setattr(rwkv7, "fla_usable", lambda device: False)
+        monkeypatch.setattr(rwkv7_wkv, "fla_usable", lambda device: False)
     ids = random_ids(2, 130, seed=4) % RWKV_TINY["vocab"]
     cpu = load_model(rwkv7_checkpoint, device="cpu", dtype=torch.float32)
     gpu = load_model(rwkv7_checkpoint, device="cuda", dtype=torch.float32)

@@ -28,7 +28,7 @@ def test_a_failing_kernel_turns_fla_off_with_one_line(fla_with_broken_kernels, c
     q = k = F.normalize(torch.randn(1, 5, 2, 8), dim=-1)
     v, g, beta, state = torch.randn(1, 5, 2, 8), -torch.rand(1, 5, 2), torch.rand(1, 5, 2), torch.zeros(1, 2, 8, 8)
 
-    assert gated_delta_rule_fla.fla_chunk_gated_delta_rule(q, k, v, g, beta, state, True) is None
+    assert gated_delta_rule_fla.fla_chunk_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=state) is None
     assert not gated_delta_rule_fla.fla_usable(CUDA) and not rwkv7_wkv_fla.fla_usable(CUDA)
     rwkv = dict(r=q, log_w=-torch.rand(1, 5, 2, 8), k=k, v=v, a=-k, b=k, initial_state=state)
     assert rwkv7_wkv_fla.fla_chunk_rwkv7(**rwkv, dtype=torch.float32) is None

@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from summarize.engine.diagnostics import RecurrenceStats
 from summarize.engine.ops.gated_delta_rule import (
-    DeltaRuleStats,
     chunk_gated_delta_rule,
     naive_recurrent_gated_delta_rule,
     recurrent_step_gated_delta_rule,
@@ -69,7 +69,7 @@ def test_chunked_matches_naive(T, with_initial):
     o, s, stats = chunk_gated_delta_rule(**x, initial_state=init, chunk_size=CHUNK)
     assert o.shape == (B, T, H, V) and o.dtype == torch.float32
     assert s.shape == (B, H, K, V) and s.dtype == torch.float32
-    assert isinstance(stats, DeltaRuleStats)
+    assert isinstance(stats, RecurrenceStats)
     assert_close(o, o_ref)
     assert_close(s, s_ref)
 
@@ -108,7 +108,7 @@ def test_step_matches_naive(with_initial):
     o_ref, s_ref = naive_recurrent_gated_delta_rule(**x, initial_state=init)
     S = state.clone() if with_initial else torch.zeros(B, H, K, V)
     for t in range(T):
-        o = recurrent_step_gated_delta_rule(
+        o, _ = recurrent_step_gated_delta_rule(
             q=x["q"][:, t], k=x["k"][:, t], v=x["v"][:, t], g=x["g"][:, t], beta=x["beta"][:, t], state=S
         )
         assert o.shape == (B, H, V)
@@ -134,7 +134,7 @@ def test_chunked_prefill_then_steps():
     o, S, _ = chunk_gated_delta_rule(**{n: t[:, :split] for n, t in x.items()}, initial_state=state)
     assert_close(o, o_ref[:, :split])
     for t in range(split, T):
-        o_t = recurrent_step_gated_delta_rule(**{n: x[n][:, t] for n in x}, state=S)
+        o_t, _ = recurrent_step_gated_delta_rule(**{n: x[n][:, t] for n in x}, state=S)
         assert_close(o_t, o_ref[:, t])
     assert_close(S, s_ref)
 
@@ -272,7 +272,7 @@ def test_bf16_inputs_close_to_fp32():
     torch.testing.assert_close(o16.float(), o, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(s16, s, atol=2e-2, rtol=2e-2)
     S = state.clone()
-    o_step = recurrent_step_gated_delta_rule(**{n: t[:, 0] for n, t in x16.items()}, state=S)
+    o_step, _ = recurrent_step_gated_delta_rule(**{n: t[:, 0] for n, t in x16.items()}, state=S)
     assert o_step.dtype == torch.bfloat16 and S.dtype == torch.float32
     torch.testing.assert_close(o_step.float(), o32[:, 0], atol=5e-3, rtol=1e-2)
 
@@ -311,7 +311,7 @@ def test_matches_transformers_recurrent():
     assert_close(s_naive, s_ref)
     S = state.clone()
     for t in range(T):
-        o_t = recurrent_step_gated_delta_rule(**{n: x[n][:, t] for n in x}, state=S)
+        o_t, _ = recurrent_step_gated_delta_rule(**{n: x[n][:, t] for n in x}, state=S)
         assert_close(o_t, o_ref[:, t])
     assert_close(S, s_ref)
 

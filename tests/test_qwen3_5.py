@@ -119,7 +119,7 @@ def test_one_forward_equals_many(dense):
 def test_prefill_equals_last_row_of_forward(dense, monkeypatch):
     _, model = dense
     ids = random_ids(2, 90, seed=4)
-    monkeypatch.setattr(qwen3_5, "PREFILL_BLOCK_TOKENS", 32)  # three blocks, the last one short
+    monkeypatch.setattr(Qwen35Model, "prefill_block_tokens", 32)  # three blocks, the last one short
     assert_logits_close(model.prefill(ids, model.new_state(2)), model.forward(ids, model.new_state(2))[:, -1], rel=1e-5)
 
 

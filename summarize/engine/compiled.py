@@ -1,38 +1,27 @@
-"""The model's steps through `torch.compile`, with a clean fall back to eager execution.
+"""The model's steps through `torch.compile`, swapped in from outside the model, with a clean fall
+back to eager execution.
 
-Decoding one token is memory-bound: it should cost the time to read the weights once. Eagerly,
-torch's CPU GEMM reads bf16 weights at about half the machine's memory speed when there is one
-input row, and the few dozen small ops around each layer add their own passes and dispatch.
-Compiled, each layer becomes a few fused loops and every projection a streaming reduction
-(`ops.linear`).
-
-Prefill is compute-bound in its projections, but around them each layer makes a dozen passes
-over activations of tokens × thousands of channels (conversions, the causal conv, norms, gates),
-which eagerly cost about as much again as the matmuls of a Gated DeltaNet layer. Compiled with
-dynamic shapes, one graph per layer kind serves every length; the delta rule itself stays one
-opaque op (`ops.gated_delta_rule.chunk_rule_op`). Measured on a 2-core Zen 4, Qwen3.5-0.8B
-shape, bf16: see the README's Performance table.
-
-Decoding one sequence runs every layer and the head as one graph (Qwen3.5 dense): per-layer
-graphs cost their calls' overhead ~30 times a token (0.8B shape, bf16, measured side by side:
-56.8 → 50.2 ms/token while the machine read memory at ~34 GB/s). Batches decode layer by layer.
-Decode graphs are specialised on the batch size, so each new batch size compiles once; prefill
-graphs compile once for one row and once for several. Inductor caches what it built on disk, so
-later processes start faster (0.8B shape: 76 s cold, 18 s warm). The cache lives in the user's
-cache folder (`~/.cache/summarize/torchinductor`, or under `XDG_CACHE_HOME`), not in torch's
-default under /tmp, which a reboot empties; `TORCHINDUCTOR_CACHE_DIR` still wins. If compiling
-fails (no C++ compiler, an unsupported platform) the model stays eager and says so once on stderr.
+Decoding one token is memory-bound: compiled, each layer becomes a few fused loops and every
+projection a streaming reduction (`ops.linear`), where eagerly torch's CPU GEMM reads the weights
+slowly for one row and the small ops around each layer add their own passes. Prefill compiles
+with dynamic shapes, so one graph per layer kind serves every length; the delta rule stays one
+opaque op. A family with `whole_decode_step` decodes one sequence as one graph (every layer and
+the head), which saves the per-layer calls' overhead. Decode graphs are specialised on the batch
+size. Inductor caches what it built on disk (`~/.cache/summarize/torchinductor`, or under
+`XDG_CACHE_HOME`; `TORCHINDUCTOR_CACHE_DIR` wins), so later processes start faster. If compiling
+fails, the model stays eager and says so once on stderr. Figures: docs/performance.md.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
+from torch import Tensor
+
+from summarize.engine.model import Steps
 
 ENV = "SUMMARIZE_COMPILE"  # "0": never compile, "1": always (where the device allows)
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # where inductor keeps the kernels it built
@@ -42,40 +31,59 @@ MIN_WEIGHT_BYTES = 200 * 2**20  # below this, compiling takes longer than it sav
 WARM_UP_TOKENS = 17
 
 
-@dataclass
-class CompiledSteps:
-    decode_layer: Callable  # (layer, x [B, 1, H], layer_state, rotary, with_stats) -> (x, stats)
-    prefill_layer: Callable  # the same over [B, T, H], T > 1, any T
-    head: Callable  # (model, hidden [B, H]) -> logits [B, V]
-    # (model, x [1, 1, H], layer_states, rotary, slot, with_stats) -> (logits [1, V], stats):
-    # every layer and the head at once, for one sequence; None: decode layer by layer
-    decode_step: Callable | None = None
+def _layer_step(layer, x: Tensor, layer_state, context, with_stats: bool):
+    return layer(x, layer_state, context, with_stats)
+
+
+def _head(model, hidden: Tensor) -> Tensor:
+    return model.logits(hidden)
+
+
+class CompiledSteps(Steps):
+    """A model's layers and head through torch.compile: one graph per layer kind for decode
+    (T = 1) and one with dynamic shapes for prefill; and, where the family has one, the whole
+    one-sequence decode step as one graph."""
+
+    def __init__(self, model) -> None:
+        self.decode_layer = torch.compile(_layer_step, dynamic=False)
+        # a code object of its own: compiled graphs are cached per code object
+        self.prefill_layer = torch.compile(lambda *args: _layer_step(*args), dynamic=True)
+        self.head_step = torch.compile(_head, dynamic=False)
+        whole = model.whole_decode_step
+        self.decode_step = torch.compile(whole, dynamic=False) if whole is not None else None
+
+    def layer(self, layer, x: Tensor, layer_state, context, with_stats: bool):
+        step = self.decode_layer if x.shape[1] == 1 else self.prefill_layer
+        return step(layer, x, layer_state, context, with_stats)
+
+    def head(self, model, hidden: Tensor) -> Tensor:
+        return self.head_step(model, hidden)
+
+    def decode(self, model, token_ids: Tensor, state, with_stats: bool):
+        if self.decode_step is None or token_ids.shape[0] != 1:
+            return super().decode(model, token_ids, state, with_stats)
+        logits, stats = model.decode_through(self.decode_step, token_ids, state)
+        return logits, stats if with_stats else None  # as layer by layer: unread stats are not checked
 
 
 def wanted(model, device: torch.device, weight_bytes: int) -> bool:
     """Whether to compile this model's steps: asked for by the environment, or worth it."""
     setting = os.environ.get(ENV, "").strip()
-    if setting == "0" or device.type != "cpu" or not hasattr(model, "compiled"):
+    if setting == "0" or device.type != "cpu" or not model.compiles:
         return False
     return setting == "1" or weight_bytes >= MIN_WEIGHT_BYTES
 
 
-def compile_steps(model, layer_step: Callable, head: Callable, decode_step: Callable | None = None) -> bool:
-    """Compile `layer_step` for decode and for prefill, `head`, and `decode_step` (a whole
-    one-sequence decode step) where given; check them on scratch states.
+def compile_steps(model) -> bool:
+    """Run `model`'s steps compiled from now on, checked first on scratch states.
 
     Returns whether the model now runs compiled; on any failure it stays eager.
     """
     # One compiled function serves every layer of a kind; variants: kind × batch size ×
     # diagnostics on/off × stacked rows. The default limit (8) would be reached.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    model.compiled = CompiledSteps(
-        decode_layer=torch.compile(layer_step, dynamic=False),
-        # a code object of its own: compiled graphs are cached per code object
-        prefill_layer=torch.compile(lambda *args: layer_step(*args), dynamic=True),
-        head=torch.compile(head, dynamic=False),
-        decode_step=torch.compile(decode_step, dynamic=False) if decode_step is not None else None,
-    )
+    eager = model.steps
+    model.steps = model.compiled = CompiledSteps(model)
     try:
         from torch._inductor import inductor_prims  # noqa: F401 - registers the prim `ops.linear` uses (1 s to import)
 
@@ -83,7 +91,7 @@ def compile_steps(model, layer_step: Callable, head: Callable, decode_step: Call
         model.prefill(zeros, model.new_state(1))
         model.decode(zeros[:, 0], model.new_state(1))
     except Exception as e:  # noqa: BLE001 - any compiler failure means: run eagerly
-        model.compiled = None
+        model.steps, model.compiled = eager, None
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
         print(f"summarize: running without torch.compile ({first_line[:200]})", file=sys.stderr)
         return False

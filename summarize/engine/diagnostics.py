@@ -1,4 +1,4 @@
-"""What the engine reports about its state, span by span (design §4).
+"""What the engine reports about its state, span by span (docs/design.md §4).
 
 The engine never renders anything: it hands a `SpanReport` to a listener (a plain callable) after
 each span it processes — a prefill call or a decode step. A `RichUI` draws it, tests record it.
@@ -53,44 +53,58 @@ class NonFiniteStateError(SummarizeError):
     """A NaN or Inf appeared in a layer's state."""
 
 
-def merge_block_stats(blocks: list[list]) -> list:
-    """Join per-layer (tokens, DeltaRuleStats) of a span run in several blocks.
+@dataclass
+class RecurrenceStats:
+    """What one recurrent layer's op measured over a span, fp32, one value per batch row.
 
-    Means are token-weighted; the state norm is the one after the last block. Entries that are
-    None (attention layers) stay None.
+    state_norm: [B]  Frobenius norm of the state after the span, all heads together.
+    gate_mean:  [B]  mean decay over the span's tokens and heads (and channels, where the decay
+                     is per channel), in (0, 1].
+    delta_norm: [B]  mean over the span's tokens of the Frobenius norm of what a token writes into
+                     the state, heads summed in quadrature.
     """
-    from summarize.engine.ops.gated_delta_rule import DeltaRuleStats
 
+    state_norm: torch.Tensor
+    gate_mean: torch.Tensor
+    delta_norm: torch.Tensor
+
+
+LayerStats = list[RecurrenceStats | None]  # per layer; None: an attention layer, or no stats asked for
+
+
+def merge_block_stats(blocks: list[tuple[int, LayerStats]]) -> LayerStats:
+    """Join the per-layer stats of a span run in several blocks of (tokens, stats).
+
+    Means are token-weighted; the state norm is the one after the last block.
+    """
     if len(blocks) == 1:
-        return blocks[0]
-    merged = []
-    for per_block in zip(*blocks):
-        if per_block[0] is None or per_block[0][1] is None:
-            merged.append(per_block[0])
+        return blocks[0][1]
+    total = sum(tokens for tokens, _ in blocks)
+    merged: LayerStats = []
+    for per_block in zip(*(stats for _, stats in blocks)):
+        if per_block[0] is None:
+            merged.append(None)
             continue
-        total = sum(t for t, _ in per_block)
-        merged.append((total, DeltaRuleStats(
-            state_norm=per_block[-1][1].state_norm,
-            gate_mean=sum(s.gate_mean * t for t, s in per_block) / total,
-            delta_norm=sum(s.delta_norm * t for t, s in per_block) / total,
-        )))
+        weighted = list(zip((tokens for tokens, _ in blocks), per_block))
+        merged.append(RecurrenceStats(
+            state_norm=per_block[-1].state_norm,
+            gate_mean=sum(s.gate_mean * t for t, s in weighted) / total,
+            delta_norm=sum(s.delta_norm * t for t, s in weighted) / total,
+        ))
     return merged
 
 
-def report_span(stats: list, state, phase: Phase, tokens: int, listener: Listener | None) -> None:
+def report_span(stats: LayerStats | None, state, phase: Phase, tokens: int, listener: Listener | None) -> None:
     """Check the recurrent states for NaN/Inf, then hand one `SpanReport` per sequence to `listener`.
 
-    stats: per layer, (tokens, DeltaRuleStats) for a recurrent layer, None for an attention layer
-    (its KV cache in `state` is reported instead). Layers without stats (decode with nobody
-    listening) are skipped.
+    Layers with stats are the recurrent ones; the others (attention) report their cache, as the
+    state counts it. No stats at all (decode with nobody listening): nothing to check or say.
     """
-    from summarize.engine.state import KVCache
-
-    recurrent = [(i, s) for i, s in enumerate(stats) if s is not None and s[1] is not None]
+    recurrent = [(i, s) for i, s in enumerate(stats or ()) if s is not None]
     if not recurrent:
         return
     # one host sync for the whole span: [layers, 3, B]
-    table = torch.stack([torch.stack([s.state_norm, s.gate_mean, s.delta_norm]) for _, (_, s) in recurrent]).tolist()
+    table = torch.stack([torch.stack([s.state_norm, s.gate_mean, s.delta_norm]) for _, s in recurrent]).tolist()
     for (i, _), row in zip(recurrent, table):
         if not all(math.isfinite(value) for value in row[0]):
             raise NonFiniteStateError(f"layer {i}: the recurrent state holds NaN or Inf")
@@ -101,9 +115,10 @@ def report_span(stats: list, state, phase: Phase, tokens: int, listener: Listene
     for b in range(batch):
         layers = []
         for i, layer_state in enumerate(state.layers):
-            if isinstance(layer_state, KVCache):
-                layers.append(LayerReport(i, "attention", kv_tokens=layer_state.length, kv_bytes=layer_state.nbytes // batch))
-            else:
+            if i in by_layer:
                 norm, gate, delta = (by_layer[i][j][b] for j in range(3))
                 layers.append(LayerReport(i, "recurrent", state_norm=norm, gate_mean=gate, delta_norm=delta))
+            else:
+                kv_bytes = layer_state.nbytes // batch
+                layers.append(LayerReport(i, "attention", kv_tokens=layer_state.cached_tokens, kv_bytes=kv_bytes))
         listener(SpanReport(phase, b, tokens, tuple(layers), state.nbytes // batch))

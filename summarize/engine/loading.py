@@ -1,8 +1,9 @@
-"""Find a checkpoint (local folder, hub id or `.pth` file), read its config, and build the model lazily.
+"""Find a checkpoint (local folder, hub id or a family's single weight file), read its config, and
+build the model of the family that reads it, lazily.
 
 Tensors are read one at a time from the safetensors files and converted straight to the target
 device and dtype, so peak memory is about one copy of the weights. Tensors the model
-does not use (a vision tower, an MTP head) are never read. A BlinkDL `.pth` (RWKV-7) is opened
+does not use (a vision tower, an MTP head) are never read. A `.pth` file is opened
 memory-mapped with `weights_only=True`, which never runs code from the file.
 """
 
@@ -14,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from summarize.engine import compiled, qwen3_5, rwkv7
+from summarize.engine.compiled import compile_steps, wanted
+from summarize.engine.family import Family
 from summarize.engine.memory import bound_kernel_caches, release_free_memory
+from summarize.engine.registry import FAMILIES, family_for_file, family_for_model_type, family_named, supported_model_types
 from summarize.errors import SummarizeError
-
-FAMILIES = (qwen3_5, rwkv7)  # each module: MODEL_TYPES and build(config, checkpoint, device=, dtype=, quantize=)
 
 QUANTIZE_MODES = (None, "int8")
 
@@ -164,11 +165,12 @@ def load_model(
     compile: bool | None = None,
     quantize: str | None = None,
 ):
-    """Load a recurrent-state model from a local folder, a hub id or an RWKV-7 `.pth` file (design §5).
+    """Load a recurrent-state model from a local folder, a hub id or a family's weight file (an
+    RWKV-7 `.pth`); see docs/design.md §5.
 
     `compile`: run prefill and decode steps through torch.compile (`compiled`); None decides by the
     environment (SUMMARIZE_COMPILE) and the model's size. `quantize="int8"`: weight-only int8
-    (Qwen3.5 models).
+    (where the family supports it).
     """
     bound_kernel_caches()  # before the first kernel is built: memory that stays flat over chunks
     device = torch.device(device) if device is not None else default_device()
@@ -178,55 +180,47 @@ def load_model(
         raise SummarizeError(f"unknown quantization {quantize!r} (supported: {', '.join(QUANTIZE_MODES[1:])})")
     dtype = dtype or default_dtype(device)
     path = Path(source).expanduser()
-    if path.suffix == ".pth":
+    file_family = family_for_file(path.suffix)
+    if file_family is not None:
         if not path.is_file():
             raise ModelNotAvailable(f"{source}: no such checkpoint file")
-        if quantize:  # said before reading a multi-gigabyte file
-            raise SummarizeError(f"--quantize {quantize} is for Qwen3.5 models; RWKV-7 runs in {str(dtype).removeprefix('torch.')}")
-        model = rwkv7.build({}, TorchCheckpoint(path), device=device, dtype=dtype)
+        _check_quantize(file_family, quantize, dtype)  # said before reading a multi-gigabyte file
+        model = file_family.build({}, TorchCheckpoint(path), device=device, dtype=dtype, quantize=quantize)
         model.source = path.parent
         return model
     folder = resolve_source(source)
     config = read_config(folder)
     model_type = config.get("model_type") or config.get("text_config", {}).get("model_type")
-    family = next((f for f in FAMILIES if model_type in f.MODEL_TYPES), None)
+    family = family_for_model_type(model_type)
     if family is None:
-        supported = ", ".join(t for f in FAMILIES for t in f.MODEL_TYPES)
-        raise SummarizeError(f"{folder}: unsupported model_type {model_type!r} (supported: {supported})")
+        raise SummarizeError(f"{folder}: unsupported model_type {model_type!r} (supported: {', '.join(supported_model_types())})")
+    _check_quantize(family, quantize, dtype)
     model = family.build(config, Checkpoint(folder), device=device, dtype=dtype, quantize=quantize)
     model.source = folder
     release_free_memory()  # what loading (and quantizing) freed goes back to the OS
     weight_bytes = sum(b.nbytes for b in model.buffers())
-    if compile if compile is not None else compiled.wanted(model, device, weight_bytes):
-        model.compile_steps()
+    if compile if compile is not None else wanted(model, device, weight_bytes):
+        compile_steps(model)
     return model
+
+
+def _check_quantize(family: Family, quantize: str | None, dtype: torch.dtype) -> None:
+    if quantize and quantize not in family.quantize_modes:
+        able = ", ".join(f.label for f in FAMILIES if quantize in f.quantize_modes)
+        raise SummarizeError(f"--quantize {quantize} is for {able} models; {family.label} runs in {str(dtype).removeprefix('torch.')}")
 
 
 def flush_denormals_to_zero() -> None:
     """Let the CPU treat values below fp32's smallest normal (1.2e-38) as zero (FTZ and DAZ).
 
-    The chunked delta rule multiplies by decays exp(sum of g) that pass through that range whenever
-    a head forgets fast, and arithmetic on such subnormal values runs many times slower on many x86
-    CPUs: a 2,048-token prefill of the 0.8B shape ran about twice as fast with this set (on a
-    2-core Xeon with AMX). What it changes is far below what fp32 (let alone bf16) resolves.
-
-    The mode is per thread, and torch's worker threads copy it from the main thread when they
-    start, with the first parallel op of the process: hence its place before loading the weights.
+    The chunked delta rule multiplies by decays that pass through that range whenever a head
+    forgets fast, and subnormal arithmetic runs many times slower on many x86 CPUs. The mode is per
+    thread, and torch's worker threads copy it from the main thread at the process's first parallel
+    op: hence its place before loading the weights.
     """
     torch.set_flush_denormal(True)
 
 
 def load_tokenizer(model):
     """The tokenizer that goes with a loaded model, and the token ids that end its answers."""
-    if model.family == rwkv7.FAMILY:
-        from summarize.engine.rwkv_tokenizer import RwkvTokenizer
-
-        tokenizer = RwkvTokenizer.default()
-        return tokenizer, tokenizer.stop_ids
-    from summarize.engine.tokenizer import Tokenizer, load_stop_ids
-
-    path = Path(model.source) / "tokenizer.json"
-    if not path.is_file():
-        raise SummarizeError(f"{model.source}: no tokenizer.json beside the weights")
-    tokenizer = Tokenizer.from_file(path)
-    return tokenizer, load_stop_ids(model.source, tokenizer)
+    return family_named(model.family).load_tokenizer(Path(model.source))

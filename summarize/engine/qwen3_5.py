@@ -17,27 +17,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from summarize.engine.compiled import CompiledSteps, compile_steps
-from summarize.engine.diagnostics import Listener, merge_block_stats, report_span
-from summarize.engine.ops.gated_delta_rule import (
-    DeltaRuleStats,
-    chunk_rule_op,
-    recurrent_step_gated_delta_rule,
-)
-from summarize.engine.ops.gated_delta_rule_fla import fla_chunk_gated_delta_rule, fla_usable
+from summarize.engine.diagnostics import RecurrenceStats
+from summarize.engine.model import RecurrentModel
+from summarize.engine.ops.attention import apply_rotary, attend, attend_at_slot
+from summarize.engine.ops.causal_conv import causal_conv_silu
+from summarize.engine.ops.gated_delta_rule import gated_delta_rule
 from summarize.engine.ops.linear import Projection
+from summarize.engine.family import Family
 from summarize.engine.state import KVCache, LayerState, RecurrentLayerState, State
+from summarize.engine.tokenizer import load_hub_tokenizer
 from summarize.errors import SummarizeError
 
 MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
-# Prefill runs in blocks of at most this many tokens: bounded activations. Measured on a 2-core
-# Zen 4, 0.8B shape, bf16, interleaved: 1,024 against 2,048 gives 274 vs 262 tok/s over 2,048
-# tokens and 210 vs 202 over 8,192 (a smaller working set; the attention flops are the same).
+# Prefill blocks: 1,024 tokens measured a little faster than 2,048 (a smaller working set)
 PREFILL_BLOCK_TOKENS = 1024
-L2NORM_EPS = 1e-6
-# Tokens per chunk of the Gated DeltaNet prefill. Measured on a 2-core Zen 4, 0.8B shape, bf16:
-# 231 tok/s at 32 against 196 at 64 (2048 tokens); smaller chunks keep the solve in cache.
-GDN_CHUNK_TOKENS = 32  # as the reference (and flash-linear-attention) normalise q and k
+L2NORM_EPS = 1e-6  # as the reference (and flash-linear-attention) normalise q and k
 
 
 @dataclass(frozen=True)
@@ -208,9 +202,7 @@ class GatedDeltaNet(nn.Module):
         self.num_k_heads, self.num_v_heads = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         self.k_dim, self.v_dim = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         self.key_dim = self.num_k_heads * self.k_dim
-        # Two matrices, qkv | z and b | a: torch's CPU GEMM reads a weight [N, K] as Wᵀ about a
-        # quarter slower when N is not a multiple of 1,024 (1,024 × 1,024 inputs, bf16, N = 8,224
-        # against 8,192 + 32: 1.08-1.22× for the pair, measured on a 2-core Xeon).
+        # Two matrices, qkv | z and b | a: torch's CPU GEMM is slower when N is not a multiple of 1,024
         self.in_proj = Projection(torch.cat([take(prefix + f"in_proj_{n}.weight") for n in ("qkv", "z")]))
         self.beta_decay_proj = Projection(torch.cat([take(prefix + f"in_proj_{n}.weight") for n in ("b", "a")]))
         # [kernel, C]: tap j of every channel contiguous, so the shifted products vectorize
@@ -221,7 +213,7 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = Projection(take(prefix + "out_proj.weight"))
         self.eps = cfg.rms_norm_eps
 
-    def forward(self, x: Tensor, state: RecurrentLayerState, with_stats: bool) -> tuple[Tensor, DeltaRuleStats | None]:
+    def forward(self, x: Tensor, state: RecurrentLayerState, with_stats: bool) -> tuple[Tensor, RecurrenceStats | None]:
         B, T, _ = x.shape
         qkv, z = self.in_proj(x).split((self.cfg.conv_dim, self.cfg.value_dim), dim=-1)
         b, a = self.beta_decay_proj(x).chunk(2, dim=-1)
@@ -231,28 +223,7 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(B, T, self.num_v_heads, self.v_dim)
         beta = b.float().sigmoid()
         g = self.neg_A * F.softplus(a.float() + self.dt_bias)  # log-space decay, ≤ 0
-        stats = None
-        result = None
-        if T > 1 and x.is_cuda and fla_usable(x.device):  # fla's kernels take the k heads as they are
-            result = fla_chunk_gated_delta_rule(q, k, v, g, beta, state.matrix, with_stats)  # None: they failed
-        if result is not None:
-            o, final, *stats = result
-            state.matrix.copy_(final)
-            stats = DeltaRuleStats(*stats) if with_stats else None
-            return self._output(o, z, x.dtype), stats
-        if self.num_v_heads != self.num_k_heads:  # each q/k head serves consecutive v heads
-            groups = self.num_v_heads // self.num_k_heads
-            q, k = q.repeat_interleave(groups, dim=2), k.repeat_interleave(groups, dim=2)
-        if T == 1:
-            step = recurrent_step_gated_delta_rule(
-                q=q[:, 0], k=k[:, 0], v=v[:, 0], g=g[:, 0], beta=beta[:, 0], state=state.matrix, with_stats=with_stats
-            )
-            o, stats = step if with_stats else (step, None)
-            o = o[:, None]
-        else:
-            o, final, *stats = chunk_rule_op(q, k, v, g, beta, state.matrix, GDN_CHUNK_TOKENS, with_stats)
-            state.matrix.copy_(final)
-            stats = DeltaRuleStats(*stats) if with_stats else None
+        o, stats = gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, state=state.matrix, with_stats=with_stats)
         return self._output(o, z, x.dtype), stats
 
     def _output(self, o: Tensor, z: Tensor, dtype: torch.dtype) -> Tensor:
@@ -267,13 +238,8 @@ class GatedDeltaNet(nn.Module):
         q, k, v (token-major); the window (state.shift [B, C, kernel-1]) keeps the last kernel-1
         tokens.
 
-        The delta-rule op reads token-major rows; torch's depthwise conv works channel-major, and
-        the transposes around it cost more than the conv itself (2-core Zen 4, 0.8B shape, bf16:
-        the whole layer, torch's conv then a transpose 176 ms, shifted products 168 ms, 1,024
-        tokens). Each of q, k, v is convolved on its own, and the new window is sliced from qkv
-        rather than from window and tokens joined: a compiled step then makes one pass per part
-        where it made a copy of qkv and an fp32 copy of the whole conv (2-core Xeon, 0.8B shape,
-        bf16, 1,024 tokens, compiled: 6.5 -> 4.0 ms for the conv, q/k norms and gates).
+        Token-major throughout: the transposes around torch's channel-major conv cost more than
+        the conv. q, k, v are convolved apart, so that a compiled step makes one pass per part.
         """
         kernel, T = self.conv_taps.shape[0], qkv.shape[1]
         window = state.shift.transpose(1, 2)  # [B, kernel-1, C]
@@ -285,27 +251,6 @@ class GatedDeltaNet(nn.Module):
         new_window = qkv[:, T - (kernel - 1) :] if T >= kernel - 1 else torch.cat([window, qkv], dim=1)[:, T:]
         state.shift.copy_(new_window.transpose(1, 2))
         return q, k, v
-
-
-def causal_conv_silu(x: Tensor, window: Tensor, taps: Tensor) -> Tensor:
-    """SiLU(depthwise causal conv) of x [B, T, C] after window [B, kernel-1, C]; taps [kernel, C],
-    kernel ≥ 2 (Qwen3.5: 4).
-
-    Summed in fp32 as `kernel` shifted products, which a compiled step fuses into one pass: the
-    new tokens shifted over zeros, then the window's share added to the first kernel-1 outputs
-    (output t < kernel-1 reads window[t + j] through tap j < kernel-1-t).
-    """
-    kernel, T = taps.shape[0], x.shape[1]
-    taps = taps.float()
-    padded = F.pad(x, (0, 0, kernel - 1, 0))  # output t reads padded[t : t + kernel]
-    out = padded[:, :T].float() * taps[0]
-    for j in range(1, kernel):
-        out = out + padded[:, j : j + T].float() * taps[j]
-    window_share = torch.stack(
-        [sum(window[:, t + j].float() * taps[j] for j in range(kernel - 1 - t)) for t in range(kernel - 1)], dim=1
-    )
-    out = out + F.pad(window_share, (0, 0, 0, T - (kernel - 1)))  # T < kernel-1: cropped
-    return F.silu(out).to(x.dtype)
 
 
 class GatedAttention(nn.Module):
@@ -341,98 +286,6 @@ class GatedAttention(nn.Module):
         """Attention's output [B, Hq, T, D] through the output gate and projection → [B, T, H]."""
         B, _, T, _ = attended.shape
         return self.o_proj(attended.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate))
-
-
-@torch.compiler.disable  # the cache's length changes every step: kept out of compiled graphs
-def attend(q: Tensor, k: Tensor, v: Tensor, cache: KVCache) -> Tensor:
-    """Append k, v [B, H_kv, T, D] to the cache and attend with q [B, H, T, D] → [B, H, T, D],
-    laid out token-major in memory ([B, T, H, D] transposed).
-
-    The layout is for the compiled step that reads it next (`finish`): it sees its inputs'
-    sizes as symbolic, and a head-major tensor read token-major becomes a scalar loop there
-    (0.8B shape, bf16, 1,024 tokens: 11 ms for the gate; a copy here costs well under one).
-    """
-    T = q.shape[2]
-    past = cache.length
-    keys, values = cache.append(k, v)
-    if T == 1 and q.device.type == "cpu":
-        return attend_one_token(q, keys, values, cache.pad)
-    if T == 1 and cache.pad is None:
-        mask, causal = None, False
-    elif past == 0 and cache.pad is None:
-        mask, causal = None, True
-    elif cache.pad is None and q.device.type == "cpu":
-        return token_major(attend_past_then_new(q, keys, values, past))
-    else:  # new tokens see the whole cache and, causally, each other; never a row's padding
-        key_index = torch.arange(past + T, device=q.device)
-        mask = torch.arange(T, device=q.device)[:, None] + past >= key_index[None, :]
-        if cache.pad is not None:
-            mask = mask & (key_index >= cache.pad[:, None, None, None])  # [B, 1, T, past+T]
-        causal = False
-    return token_major(F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=True))
-
-
-def token_major(x: Tensor) -> Tensor:
-    """x [B, H, T, D] with its memory laid out as [B, T, H, D] (a copy unless it already is)."""
-    return x.transpose(1, 2).contiguous().transpose(1, 2)
-
-
-def attend_one_token(q: Tensor, keys: Tensor, values: Tensor, pad: Tensor | None, last: Tensor | None = None) -> Tensor:
-    """One query per row, q [B, H, 1, D], over the whole cache [B, H_kv, L, D], in fp32.
-
-    On a CPU torch's flash kernel spends about 1 ms on a single query over 520 keys and 7.5 ms
-    over 4,096 (2 KV heads of 256); two small products cost 0.18 and 0.67 ms (measured on a
-    2-core Zen 4), with fp32 scores as exact as the math kernel's. Rows left-padded by a stacked
-    batch never see their padding (keys before `pad[b]`); with `last` ([1]) keys after it are
-    not seen either.
-    """
-    B, H, _, D = q.shape
-    kv_heads, length = keys.shape[1], keys.shape[2]
-    grouped = q.reshape(B, kv_heads, H // kv_heads, D).float()  # query head h reads kv head h // group
-    scores = torch.matmul(grouped, keys.transpose(-1, -2).float()).mul_(D**-0.5)  # [B, H_kv, group, L]
-    if pad is not None:
-        scores.masked_fill_(torch.arange(length, device=q.device) < pad[:, None, None, None], float("-inf"))
-    if last is not None:
-        scores.masked_fill_(torch.arange(length, device=q.device) > last, float("-inf"))
-    out = torch.matmul(scores.softmax(dim=-1), values.float())
-    return out.reshape(B, H, 1, D).to(q.dtype)
-
-
-def attend_at_slot(q: Tensor, k: Tensor, v: Tensor, cache: KVCache, slot: Tensor) -> Tensor:
-    """One new token per row inside a compiled decode step: write k, v [B, H_kv, 1, D] at
-    position `slot` ([1], a tensor, so the step does not depend on the cache's length) and attend
-    with q [B, H, 1, D] over the whole buffer, up to the slot → [B, H, 1, D]. The caller has
-    reserved the slot; unused positions hold finite values (masked, they weigh 0).
-    """
-    cache.keys.index_copy_(2, slot, k)
-    cache.values.index_copy_(2, slot, v)
-    return attend_one_token(q, cache.keys, cache.values, cache.pad, last=slot)
-
-
-def attend_past_then_new(q: Tensor, keys: Tensor, values: Tensor, past: int) -> Tensor:
-    """New tokens q [B, H, T, D] over `past` cached positions, all visible, then over themselves,
-    causally (keys, values [B, H_kv, past + T, D]) → [B, H, T, D].
-
-    Two flash-attention calls merged by their log-sum-exps: with an explicit mask instead, torch's
-    CPU kernel cannot skip the masked blocks (2 KV heads of 256, 1,536 new tokens: 122 → 96 ms
-    after 150 cached ones, 439 → 372 ms after 4,096; measured on a 2-core Zen 4).
-    """
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # reads H_kv < H heads as GQA
-    seen, seen_lse = flash(q, keys[:, :, :past], values[:, :, :past], 0.0, False)[:2]
-    new, new_lse = flash(q, keys[:, :, past:], values[:, :, past:], 0.0, True)[:2]
-    top = torch.maximum(seen_lse, new_lse)
-    seen_weight, new_weight = (seen_lse - top).exp_()[..., None], (new_lse - top).exp_()[..., None]
-    merged = seen.float().mul_(seen_weight).add_(new.float().mul_(new_weight))
-    return merged.div_(seen_weight + new_weight).to(q.dtype)
-
-
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate the first cos.shape[-1] dims of x [B, H, T, D] (rotate-half layout); leave the rest."""
-    rot = cos.shape[-1]
-    x_rot, x_pass = x[..., :rot], x[..., rot:]
-    half = rot // 2
-    rotated = torch.cat([-x_rot[..., half:], x_rot[..., :half]], dim=-1)
-    return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
 
 
 class MLP(nn.Module):
@@ -512,7 +365,7 @@ class DecoderLayer(nn.Module):
     def forward(
         self, x: Tensor, layer_state: LayerState, rotary: tuple[Tensor, Tensor], with_stats: bool,
         slot: Tensor | None = None,
-    ) -> tuple[Tensor, DeltaRuleStats | None]:
+    ) -> tuple[Tensor, RecurrenceStats | None]:
         """One layer over x [B, T, H]. `slot` ([1]): decoding one token inside a compiled step
         that spans the whole model, where the token's keys go (see `attend_at_slot`)."""
         h = rms_norm(x, self.input_norm, self.eps)
@@ -534,16 +387,12 @@ class DecoderLayer(nn.Module):
 # ---------------------------------------------------------------------------------------------
 
 
-class Qwen35Model(nn.Module):
-    """Qwen3.5 text model with a recurrent `State`.
-
-    forward(input_ids [B, T], state) -> logits [B, T, vocab]      (advances state)
-    prefill(input_ids [B, T], state) -> logits [B, vocab]         (last position only)
-    decode(token_ids [B], state)     -> logits [B, vocab]         (one step)
-    Set `listener` to receive a `SpanReport` after each call (design §4).
-    """
+class Qwen35Model(RecurrentModel):
+    """Qwen3.5 text model with a recurrent `State` (the protocol: `model.RecurrentModel`)."""
 
     family = "qwen3_5"
+    prefill_block_tokens = PREFILL_BLOCK_TOKENS
+    compiles = True
 
     def __init__(self, cfg: Qwen35Config, take: Take, *, fused_experts: bool = True, int8: bool = False) -> None:
         super().__init__()
@@ -551,16 +400,16 @@ class Qwen35Model(nn.Module):
         # int8: each part is quantized as soon as it is built, so the full-precision weights
         # never exist all at once (peak memory: the int8 model plus one part)
         built = _quantized if int8 else (lambda module: module)
-        self.embed = built(Projection(take("embed_tokens.weight")))
-        self.compute_dtype = self.embed.scale.dtype if int8 else self.embed.weight.dtype
+        self.embed_tokens = built(Projection(take("embed_tokens.weight")))
+        self.compute_dtype = self.embed_tokens.scale.dtype if int8 else self.embed_tokens.weight.dtype
         self.layers = nn.ModuleList(built(DecoderLayer(cfg, take, i, fused_experts)) for i in range(len(cfg.layer_types)))
         self.register_buffer("final_norm", 1.0 + take("norm.weight").float())
-        self.lm_head = self.embed if cfg.tie_word_embeddings else built(Projection(take("lm_head.weight")))
+        self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else built(Projection(take("lm_head.weight")))
         rotary_dim = int(cfg.head_dim * cfg.partial_rotary_factor)
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
-        self.register_buffer("inv_freq", inv_freq.to(self.embed.weight.device))
-        self.listener: Listener | None = None
-        self.compiled: CompiledSteps | None = None  # set by `compile_steps`
+        self.register_buffer("inv_freq", inv_freq.to(self.embed_tokens.weight.device))
+        # MoE layers dispatch eagerly: their decode keeps one graph per layer
+        self.whole_decode_step = None if cfg.num_experts else _decode_step
 
     @property
     def dtype(self) -> torch.dtype:
@@ -568,12 +417,7 @@ class Qwen35Model(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.embed.weight.device
-
-    def compile_steps(self) -> bool:
-        """Run prefill and decode steps through torch.compile from now on (see `compiled`)."""
-        # MoE layers dispatch eagerly: their decode keeps one graph per layer
-        return compile_steps(self, _layer_step, _head, None if self.cfg.num_experts else _decode_step)
+        return self.embed_tokens.weight.device
 
     def new_state(self, batch_size: int = 1) -> State:
         cfg, dev = self.cfg, self.device
@@ -592,62 +436,12 @@ class Qwen35Model(nn.Module):
                 layers.append(KVCache(keys=empty, values=empty.clone()))
         return State(layers=layers)
 
-    @torch.no_grad()
-    def forward(self, input_ids: Tensor, state: State) -> Tensor:
-        hidden, reports = self._blocks(input_ids, state, "prefill")
-        logits = self.lm_head(rms_norm(hidden, self.final_norm, self.cfg.rms_norm_eps))
-        self._report(reports, state, "prefill", input_ids.shape[1])
-        return logits
+    def embed(self, input_ids: Tensor) -> Tensor:
+        return self.embed_tokens.rows(input_ids)
 
-    @torch.no_grad()
-    def prefill(self, input_ids: Tensor, state: State) -> Tensor:
-        reports = []
-        for start in range(0, input_ids.shape[1], PREFILL_BLOCK_TOKENS):
-            hidden, block_reports = self._blocks(input_ids[:, start : start + PREFILL_BLOCK_TOKENS], state, "prefill")
-            reports.append(block_reports)
-        self._report(merge_block_stats(reports), state, "prefill", input_ids.shape[1])
-        return _head(self, hidden[:, -1])
-
-    @torch.no_grad()
-    def decode(self, token_ids: Tensor, state: State) -> Tensor:
-        if self.compiled is not None and self.compiled.decode_step is not None and token_ids.shape[0] == 1:
-            return self._decode_in_one_graph(token_ids, state)
-        hidden, reports = self._blocks(token_ids[:, None], state, "decode")
-        head = self.compiled.head if self.compiled is not None else _head
-        logits = head(self, hidden[:, -1])
-        self._report(reports, state, "decode", 1)
-        return logits
-
-    def _decode_in_one_graph(self, token_ids: Tensor, state: State) -> Tensor:
-        """One token through the compiled step that spans every layer and the head.
-
-        One graph rather than one per layer (and three per attention layer, around the eager
-        cache append) saves the calls' overhead. The attention layers write their keys at a slot
-        given as a tensor and read their whole buffer, whose length is a dynamic dimension: the
-        graph serves every cache length.
-        """
-        caches = [layer for layer in state.layers if isinstance(layer, KVCache)]
-        length = state.kv_tokens
-        for cache in caches:
-            cache.reserve(length + 1)
-            torch._dynamo.mark_dynamic(cache.keys, 2)
-            torch._dynamo.mark_dynamic(cache.values, 2)
-        slot = torch.tensor([length], device=self.device)
-        x = self.embed.rows(token_ids[:, None])
-        # Always with the diagnostics: one graph to compile, not two (a first run compiles it
-        # in ~50 s on 2 cores), for about 1% of a step when nobody listens.
-        logits, stats = self.compiled.decode_step(self, x, state.layers, self._rotary(state, 1), slot, True)
-        for cache in caches:
-            cache.length = length + 1
-        self._advance(state, 1)
-        listened = self.listener is not None  # as layer by layer: unread stats are not checked
-        reports = [(1, s) if listened and layer.kind == "linear_attention" else None for layer, s in zip(self.layers, stats)]
-        self._report(reports, state, "decode", 1)
-        return logits
-
-    def _rotary(self, state: State, T: int) -> tuple[Tensor, Tensor]:
-        """cos and sin of the next T positions: [T, rot], or [B, 1, T, rot] when rows differ."""
-        steps = torch.arange(T, device=self.device)
+    def span_context(self, state: State, tokens: int) -> tuple[Tensor, Tensor]:
+        """cos and sin of the next `tokens` positions: [T, rot], or [B, 1, T, rot] when rows differ."""
+        steps = torch.arange(tokens, device=self.device)
         if state.row_positions is None:  # every row at the same position: [T, rot]
             positions = (state.position + steps).float()
         else:  # rows that read different lengths: [B, 1, T, rot], broadcast over heads
@@ -656,31 +450,28 @@ class Qwen35Model(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
 
-    @staticmethod
-    def _advance(state: State, T: int) -> None:
-        state.position += T
-        if state.row_positions is not None:
-            state.row_positions += T
+    def logits(self, hidden: Tensor) -> Tensor:
+        return self.lm_head(rms_norm(hidden, self.final_norm, self.cfg.rms_norm_eps))
 
-    def _blocks(self, input_ids: Tensor, state: State, phase: str) -> tuple[Tensor, list]:
-        """Run every layer over input_ids [B, T]; return the last hidden states and per-layer stats."""
-        T = input_ids.shape[1]
-        rotary = self._rotary(state, T)
-        # prefill always checks the state (cheap per chunk); decode only when someone listens
-        with_stats = phase == "prefill" or self.listener is not None
-        x = self.embed.rows(input_ids)
-        stats: list = []
-        step = _layer_step
-        if self.compiled is not None:
-            step = self.compiled.decode_layer if T == 1 else self.compiled.prefill_layer
-        for layer, layer_state in zip(self.layers, state.layers):
-            x, layer_stats = step(layer, x, layer_state, rotary, with_stats)
-            stats.append((T, layer_stats) if layer.kind == "linear_attention" else None)
-        self._advance(state, T)
-        return x, stats
+    def decode_through(self, step, token_ids: Tensor, state: State) -> tuple[Tensor, list]:
+        """One token through `step`, a `_decode_step` spanning every layer and the head.
 
-    def _report(self, stats: list, state: State, phase: str, tokens: int) -> None:
-        report_span(stats, state, phase, tokens, self.listener)
+        The attention layers write their keys at a slot given as a tensor and read their whole
+        buffer, whose length is a dynamic dimension: one compiled graph serves every cache length.
+        """
+        caches = [s for layer, s in zip(self.layers, state.layers) if layer.kind == "full_attention"]
+        length = state.kv_tokens
+        for cache in caches:
+            cache.reserve(length + 1)
+            torch._dynamo.mark_dynamic(cache.keys, 2)
+            torch._dynamo.mark_dynamic(cache.values, 2)
+        slot = torch.tensor([length], device=self.device)
+        # Always with the diagnostics: one graph to compile, not two, for about 1% of a step
+        logits, stats = step(self, self.embed(token_ids[:, None]), state.layers, self.span_context(state, 1), slot, True)
+        for cache in caches:
+            cache.length = length + 1
+        state.advance(1)
+        return logits, stats
 
 
 def _quantized(module: nn.Module) -> nn.Module:
@@ -692,22 +483,13 @@ def _quantized(module: nn.Module) -> nn.Module:
     return module
 
 
-def _layer_step(layer: DecoderLayer, x: Tensor, layer_state: LayerState, rotary, with_stats: bool):
-    return layer(x, layer_state, rotary, with_stats)
-
-
 def _decode_step(model: Qwen35Model, x: Tensor, layer_states: list, rotary, slot: Tensor, with_stats: bool):
     """Every layer and the head for one token per row → (logits [B, V], per-layer stats)."""
     stats = []
     for layer, layer_state in zip(model.layers, layer_states):
         x, layer_stats = layer(x, layer_state, rotary, with_stats, slot)
         stats.append(layer_stats)
-    return _head(model, x[:, -1]), stats
-
-
-def _head(model: Qwen35Model, hidden: Tensor) -> Tensor:
-    """Logits [B, V] of the last hidden states [B, H]."""
-    return model.lm_head(rms_norm(hidden, model.final_norm, model.cfg.rms_norm_eps))
+    return model.logits(x[:, -1]), stats
 
 
 # ---------------------------------------------------------------------------------------------
@@ -738,3 +520,13 @@ def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype,
         return tensor.to(device=device, dtype=target)
 
     return Qwen35Model(cfg, take, fused_experts=fused, int8=quantize == "int8")
+
+
+FAMILY = Family(
+    name=Qwen35Model.family,
+    model_types=MODEL_TYPES,
+    build=build,
+    load_tokenizer=load_hub_tokenizer,
+    quantize_modes=("int8",),
+    label="Qwen3.5",
+)

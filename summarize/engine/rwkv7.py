@@ -28,14 +28,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from summarize.engine.diagnostics import Listener, merge_block_stats, report_span
-from summarize.engine.ops.gated_delta_rule import DeltaRuleStats
-from summarize.engine.ops.rwkv7_wkv import chunk_rwkv7, recurrent_step_rwkv7
-from summarize.engine.ops.rwkv7_wkv_fla import fla_chunk_rwkv7, fla_usable
+from summarize.engine.diagnostics import RecurrenceStats
+from summarize.engine.family import Family
+from summarize.engine.model import RecurrentModel
+from summarize.engine.ops.rwkv7_wkv import rwkv7_wkv
+from summarize.engine.rwkv_tokenizer import load_rwkv_tokenizer
 from summarize.engine.state import RecurrentLayerState, State
 from summarize.errors import SummarizeError
 
-FAMILY = "rwkv7"
 MODEL_TYPES = ("rwkv7", "rwkv7_fla")  # config.json model_type of the Hugging Face layout
 PREFILL_BLOCK_TOKENS = 2048  # prefill runs in blocks of at most this many tokens: bounded activations
 DECAY_SCALE = math.exp(-0.5)  # w = exp(-e^{-1/2} sigmoid(.)) lies in (0.545, 1)
@@ -149,6 +149,13 @@ def hf_name(name: str) -> tuple[str, bool]:
 Take = Callable[..., Tensor]  # take(BlinkDL name, target=dtype) -> tensor, shape-checked, on the device
 
 
+@dataclass
+class ValueResidual:
+    """What the layers of one span share: layer 0's value, which every later layer mixes in."""
+
+    v_first: Tensor | None = None
+
+
 # ---------------------------------------------------------------------------------------------
 # Layers
 # ---------------------------------------------------------------------------------------------
@@ -191,9 +198,9 @@ class TimeMix(nn.Module):
         self.register_buffer("ln_x_bias", take(prefix + "ln_x.bias", target=torch.float32))
 
     def forward(
-        self, x: Tensor, state: RecurrentLayerState, v_first: Tensor | None, with_stats: bool
-    ) -> tuple[Tensor, Tensor, DeltaRuleStats | None]:
-        """x [B, T, C] (after ln1) -> (output [B, T, C], v_first [B, T, C], stats)."""
+        self, x: Tensor, state: RecurrentLayerState, residual: ValueResidual, with_stats: bool
+    ) -> tuple[Tensor, RecurrenceStats | None]:
+        """x [B, T, C] (after ln1) -> (output [B, T, C], stats); layer 0 sets `residual.v_first`."""
         B, T, C = x.shape
         H, N = self.heads, self.head_size
         prev = token_shift(x, state.shift[:, 0])
@@ -206,9 +213,9 @@ class TimeMix(nn.Module):
         iclr = torch.sigmoid(self.a0 + (xa @ self.a1) @ self.a2)  # in-context learning rate, (0, 1)
         g = torch.sigmoid(xg @ self.g1) @ self.g2
         if self.layer == 0:
-            v_first = v
+            residual.v_first = v
         else:
-            v = v + (v_first - v) * torch.sigmoid(self.v0 + (xv @ self.v1) @ self.v2)
+            v = v + (residual.v_first - v) * torch.sigmoid(self.v0 + (xv @ self.v1) @ self.v2)
         log_w = -DECAY_SCALE * torch.sigmoid(self.w0 + w.float())  # [-0.607, 0]
 
         heads = (B, T, H, N)
@@ -216,22 +223,15 @@ class TimeMix(nn.Module):
         k = k * (1 + (iclr - 1) * self.k_a)
         r32, k32, v32 = (t.float().view(heads) for t in (r, k, v))
         iclr32 = iclr.float().view(heads)
-        ops = dict(r=r32, log_w=log_w.view(heads), k=k32, v=v32, a=-kk, b=kk * iclr32)
-        if T == 1:
-            one_token = {name: t[:, 0] for name, t in ops.items()}
-            step = recurrent_step_rwkv7(**one_token, state=state.matrix, with_stats=with_stats)
-            o, stats = step if with_stats else (step, None)
-            o = o[:, None]
-        else:
-            fla = x.is_cuda and fla_usable(x.device)
-            result = fla_chunk_rwkv7(**ops, initial_state=state.matrix, dtype=x.dtype, with_stats=with_stats) if fla else None
-            o, final, stats = result or chunk_rwkv7(**ops, initial_state=state.matrix, with_stats=with_stats)
-            state.matrix.copy_(final)
+        o, stats = rwkv7_wkv(
+            r=r32, log_w=log_w.view(heads), k=k32, v=v32, a=-kk, b=kk * iclr32,
+            state=state.matrix, dtype=x.dtype, with_stats=with_stats,
+        )
 
         o = F.group_norm(o.reshape(B * T, C), H, self.ln_x_weight, self.ln_x_bias, self.group_norm_eps).view(heads)
         bonus = (r32 * k32 * self.r_k).sum(-1, keepdim=True) * v32  # the current token's own value
         o = (o + bonus).view(B, T, C).to(x.dtype)
-        return F.linear(o * g, self.output), v_first, stats
+        return F.linear(o * g, self.output), stats
 
 
 class ChannelMix(nn.Module):
@@ -260,40 +260,41 @@ class Block(nn.Module):
             self.register_buffer(norm + "_bias", take(p + norm + ".bias", target=torch.float32))
         self.eps = cfg.layer_norm_eps
 
+    def forward(
+        self, x: Tensor, state: RecurrentLayerState, residual: ValueResidual, with_stats: bool
+    ) -> tuple[Tensor, RecurrenceStats | None]:
+        h, stats = self.att(layer_norm(x, self.ln1_weight, self.ln1_bias, self.eps), state, residual, with_stats)
+        x = x + h
+        return x + self.ffn(layer_norm(x, self.ln2_weight, self.ln2_bias, self.eps), state), stats
+
 
 # ---------------------------------------------------------------------------------------------
 # The model
 # ---------------------------------------------------------------------------------------------
 
 
-class RWKV7Model(nn.Module):
-    """RWKV-7 with a recurrent `State`.
+class RWKV7Model(RecurrentModel):
+    """RWKV-7 with a recurrent `State` (the protocol: `model.RecurrentModel`)."""
 
-    forward(input_ids [B, T], state) -> logits [B, T, vocab]      (advances state)
-    prefill(input_ids [B, T], state) -> logits [B, vocab]         (last position only)
-    decode(token_ids [B], state)     -> logits [B, vocab]         (one step)
-    Set `listener` to receive a `SpanReport` after each call (design §4).
-    """
+    family = "rwkv7"
+    prefill_block_tokens = 2048
 
-    family = FAMILY
-
-    def __init__(self, cfg: RWKV7Config, take: Take, embed: Tensor) -> None:
+    def __init__(self, cfg: RWKV7Config, take: Take, embedding: Tensor) -> None:
         super().__init__()
         self.cfg = cfg
-        self.register_buffer("embed", embed)  # ln0 already applied to every row
-        self.blocks = nn.ModuleList(Block(cfg, take, i) for i in range(cfg.num_layers))
+        self.register_buffer("embedding", embedding)  # ln0 already applied to every row
+        self.layers = nn.ModuleList(Block(cfg, take, i) for i in range(cfg.num_layers))
         self.register_buffer("ln_out_weight", take("ln_out.weight", target=torch.float32))
         self.register_buffer("ln_out_bias", take("ln_out.bias", target=torch.float32))
         self.register_buffer("head", take("head.weight"))
-        self.listener: Listener | None = None
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed.dtype
+        return self.embedding.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.embed.device
+        return self.embedding.device
 
     def new_state(self, batch_size: int = 1) -> State:
         cfg, dev = self.cfg, self.device
@@ -308,49 +309,14 @@ class RWKV7Model(nn.Module):
             ]
         )
 
-    @torch.no_grad()
-    def forward(self, input_ids: Tensor, state: State) -> Tensor:
-        hidden, stats = self._blocks(input_ids, state, with_stats=True)
-        self._report(stats, state, "prefill", input_ids.shape[1])
-        return F.linear(self._final_norm(hidden), self.head)
+    def embed(self, input_ids: Tensor) -> Tensor:
+        return F.embedding(input_ids, self.embedding)
 
-    @torch.no_grad()
-    def prefill(self, input_ids: Tensor, state: State) -> Tensor:
-        blocks = []
-        for start in range(0, input_ids.shape[1], PREFILL_BLOCK_TOKENS):
-            hidden, stats = self._blocks(input_ids[:, start : start + PREFILL_BLOCK_TOKENS], state, with_stats=True)
-            blocks.append(stats)
-        self._report(merge_block_stats(blocks), state, "prefill", input_ids.shape[1])
-        return F.linear(self._final_norm(hidden[:, -1]), self.head)
+    def span_context(self, state: State, tokens: int) -> ValueResidual:
+        return ValueResidual()
 
-    @torch.no_grad()
-    def decode(self, token_ids: Tensor, state: State) -> Tensor:
-        # decode checks the state only when someone listens (prefill always does: cheap per chunk)
-        hidden, stats = self._blocks(token_ids[:, None], state, with_stats=self.listener is not None)
-        self._report(stats, state, "decode", 1)
-        return F.linear(self._final_norm(hidden[:, -1]), self.head)
-
-    def _final_norm(self, x: Tensor) -> Tensor:
-        return layer_norm(x, self.ln_out_weight, self.ln_out_bias, self.cfg.layer_norm_eps)
-
-    def _blocks(self, input_ids: Tensor, state: State, *, with_stats: bool) -> tuple[Tensor, list]:
-        """Run every layer over input_ids [B, T]; return the last hidden states and per-layer (T, stats)."""
-        T = input_ids.shape[1]
-        x = F.embedding(input_ids, self.embed)
-        v_first = None
-        stats = []
-        for block, layer_state in zip(self.blocks, state.layers):
-            h, v_first, layer_stats = block.att(
-                layer_norm(x, block.ln1_weight, block.ln1_bias, block.eps), layer_state, v_first, with_stats
-            )
-            x = x + h
-            x = x + block.ffn(layer_norm(x, block.ln2_weight, block.ln2_bias, block.eps), layer_state)
-            stats.append((T, layer_stats))
-        state.position += T
-        return x, stats
-
-    def _report(self, stats: list, state: State, phase: str, tokens: int) -> None:
-        report_span(stats, state, phase, tokens, self.listener)
+    def logits(self, hidden: Tensor) -> Tensor:
+        return F.linear(layer_norm(hidden, self.ln_out_weight, self.ln_out_bias, self.cfg.layer_norm_eps), self.head)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,9 +333,6 @@ def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype,
     `folder` for messages; `config` is config.json ({} for a `.pth`). Every tensor's name and shape
     is checked, and a tensor the model does not know is an error (a variant we do not implement).
     """
-    if quantize:
-        raise SummarizeError(f"--quantize {quantize} is for Qwen3.5 models; RWKV-7 runs in {str(dtype).removeprefix('torch.')}")
-
     def blinkdl_name(name: str) -> tuple[str, bool]:  # BlinkDL's names are the canonical ones
         return name, False
 
@@ -425,7 +388,7 @@ def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype,
         )
     else:
         embed = take("emb.weight")
-    model = RWKV7Model(cfg, take, embed)
+    model = RWKV7Model(cfg, take, embedding=embed)
     ignored = {locate(name)[0] for name in UNUSED}
     unknown = sorted(set(checkpoint.names()) - used - ignored)
     if unknown:  # e.g. DeepEmbed (ffn.s_emb) or DEA (att.qq): variants this engine does not implement
@@ -441,3 +404,13 @@ def _fold_ln0(emb: Tensor, *, weight: Tensor, bias: Tensor, dtype: torch.dtype, 
         rows = emb[start : start + EMBED_FOLD_ROWS].to(device=weight.device, dtype=torch.float32)
         out[start : start + EMBED_FOLD_ROWS] = F.layer_norm(rows, (emb.shape[1],), weight, bias, eps).to(dtype)
     return out
+
+
+FAMILY = Family(
+    name=RWKV7Model.family,
+    model_types=MODEL_TYPES,
+    file_suffixes=(".pth",),
+    build=build,
+    load_tokenizer=load_rwkv_tokenizer,
+    label="RWKV-7",
+)

@@ -160,3 +160,9 @@ def _one_turn(text: str) -> str:
 @lru_cache(maxsize=1)
 def _default_tokenizer() -> RwkvTokenizer:
     return RwkvTokenizer.from_file(VOCAB_FILE)
+
+
+def load_rwkv_tokenizer(folder: Path) -> tuple[RwkvTokenizer, frozenset[int]]:
+    """The RWKV World tokenizer (the same for every checkpoint: its vocabulary ships with us)."""
+    tokenizer = RwkvTokenizer.default()
+    return tokenizer, tokenizer.stop_ids

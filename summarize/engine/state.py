@@ -1,14 +1,15 @@
-"""The recurrent state of a model: one named object per layer, held together by `State`.
+"""The recurrent state of a model: one object per layer that knows itself, held together by `State`.
 
-Layout (one documented layout for every family):
+Every layer state answers the same questions (snapshot/restore, stack, reset, tensors/load, nbytes,
+bytes_per_token), so `State` never asks which kind a layer is:
 - `RecurrentLayerState`: the fixed-size memory of a recurrent layer. `matrix` is the delta-rule
   state [B, H, K, V] kept in fp32 whatever the weight dtype; `shift` is the short history the
   layer mixes in (Qwen3.5: the causal-conv window [B, C, kernel-1]; RWKV-7: token-shift vectors).
 - `KVCache`: the keys/values of a full-attention layer, [B, H_kv, capacity, D] buffers of which
   the first `length` positions are valid. It grows in steps, so appending is not a copy per token.
 
-A `Snapshot` is cheap: recurrent tensors are cloned, KV caches only remember their length (the
-prefix is never overwritten), so restoring a KV cache is a truncation.
+A snapshot is cheap: recurrent tensors are cloned, KV caches only remember their prefix by view
+(it is never overwritten), so restoring a KV cache is a truncation.
 """
 
 from __future__ import annotations
@@ -32,14 +33,53 @@ class RecurrentLayerState:
     matrix: torch.Tensor
     shift: torch.Tensor
 
+    bytes_per_token = 0  # fixed size: nothing grows with the context
+    cached_tokens = 0
+
     @property
     def nbytes(self) -> int:
         return _nbytes(self.matrix) + _nbytes(self.shift)
 
-    bytes_per_token = 0  # fixed size: nothing grows with the context
+    @property
+    def batch_size(self) -> int:
+        return self.matrix.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.matrix.device
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"matrix": self.matrix, "shift": self.shift}
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        return {name: tensor.clone() for name, tensor in self.tensors().items()}
+
+    def restore(self, saved: dict[str, torch.Tensor]) -> None:
+        """Copy a snapshot back; one of batch 1 is broadcast over every row."""
+        self.matrix.copy_(saved["matrix"].expand_as(self.matrix))
+        self.shift.copy_(saved["shift"].expand_as(self.shift))
+
+    @classmethod
+    def stack(cls, rows: list[RecurrentLayerState]) -> RecurrentLayerState:
+        return cls(matrix=torch.cat([row.matrix for row in rows]), shift=torch.cat([row.shift for row in rows]))
+
+    def reset(self) -> None:
+        self.matrix.zero_()
+        self.shift.zero_()
+
+    def keep_window(self, keep_first: int, keep_last: int) -> None:
+        """Nothing to drop: a recurrent layer's memory does not grow."""
+
+    def check(self, saved: dict[str, torch.Tensor], where: str) -> None:
+        """Raise unless `saved` (what `tensors()` gave, read from `where`) fits this layer."""
+        for name, tensor in self.tensors().items():
+            if saved[name].shape != tensor.shape:
+                raise SummarizeError(
+                    f"{where}.{name} has shape {tuple(saved[name].shape)}, this model needs {tuple(tensor.shape)}"
+                )
+
+    def load(self, saved: dict[str, torch.Tensor]) -> None:
+        self.restore(saved)
 
 
 @dataclass
@@ -56,6 +96,10 @@ class KVCache:
         return self.keys.shape[2]
 
     @property
+    def cached_tokens(self) -> int:
+        return self.length
+
+    @property
     def bytes_per_token(self) -> int:
         """Bytes of one cached position, keys and values, all rows of the batch."""
         return 2 * self.keys.shape[0] * self.keys.shape[1] * self.keys.shape[3] * self.keys.element_size()
@@ -64,6 +108,14 @@ class KVCache:
     def nbytes(self) -> int:
         """Bytes of the valid positions (what the cache holds, not what it has reserved)."""
         return self.bytes_per_token * self.length
+
+    @property
+    def batch_size(self) -> int:
+        return self.keys.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.keys.device
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write keys/values [B, H_kv, T, D] after the valid prefix; return all valid keys/values."""
@@ -91,7 +143,38 @@ class KVCache:
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"keys": self.keys[:, :, : self.length], "values": self.values[:, :, : self.length]}
 
-    def drop_middle(self, keep_first: int, keep_last: int) -> None:
+    def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys[:, :, : self.length], self.values[:, :, : self.length]
+
+    def restore(self, saved: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Come back to a snapshot: a truncation while its prefix is still in these buffers, else a
+        copy (one of batch 1 broadcast over every row)."""
+        keys, values = saved
+        length = keys.shape[2]
+        if keys.data_ptr() == self.keys.data_ptr() and keys.shape[0] == self.keys.shape[0]:
+            self.length = length
+            return
+        self.length = 0
+        shape = (self.keys.shape[0], keys.shape[1], length, keys.shape[3])
+        self.append(keys.expand(shape), values.expand(shape))
+
+    @classmethod
+    def stack(cls, rows: list[KVCache]) -> KVCache:
+        """Rows of different lengths right-aligned in one cache; each row's unused start is padding."""
+        first = rows[0]
+        longest = max(row.length for row in rows)
+        shape = (len(rows), first.keys.shape[1], longest + KV_GROWTH_TOKENS, first.keys.shape[3])
+        keys, values = first.keys.new_zeros(shape), first.values.new_zeros(shape)
+        for i, row in enumerate(rows):
+            keys[i, :, longest - row.length : longest] = row.keys[0, :, : row.length]
+            values[i, :, longest - row.length : longest] = row.values[0, :, : row.length]
+        pad = torch.tensor([longest - row.length for row in rows], device=keys.device)
+        return cls(keys=keys, values=values, length=longest, pad=pad)
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def keep_window(self, keep_first: int, keep_last: int) -> None:
         """Forget all but the first `keep_first` and the last `keep_last` positions."""
         if self.length <= keep_first + keep_last:
             return
@@ -99,15 +182,26 @@ class KVCache:
             buffer[:, :, keep_first : keep_first + keep_last] = buffer[:, :, self.length - keep_last : self.length].clone()
         self.length = keep_first + keep_last
 
+    def check(self, saved: dict[str, torch.Tensor], where: str) -> None:
+        """Raise unless `saved` (what `tensors()` gave, read from `where`) fits this layer; any length."""
+        for name, tensor in self.tensors().items():
+            got = saved[name]
+            if got.shape[:2] != tensor.shape[:2] or got.shape[3] != tensor.shape[3]:
+                raise SummarizeError(f"{where}.{name} has shape {tuple(got.shape)}; it belongs to another model")
+
+    def load(self, saved: dict[str, torch.Tensor]) -> None:
+        self.length = 0
+        self.append(saved["keys"].to(self.keys.dtype), saved["values"].to(self.values.dtype))
+
 
 LayerState = RecurrentLayerState | KVCache
 
 
 @dataclass
 class Snapshot:
-    """A point to come back to: cloned recurrent tensors, KV prefixes by view, the position."""
+    """A point to come back to: each layer's own snapshot, and the position."""
 
-    layers: list[dict[str, torch.Tensor] | tuple[torch.Tensor, torch.Tensor]]
+    layers: list
     position: int
 
 
@@ -121,21 +215,21 @@ class State:
 
     @property
     def batch_size(self) -> int:
-        first = self.layers[0]
-        return (first.matrix if isinstance(first, RecurrentLayerState) else first.keys).shape[0]
+        return self.layers[0].batch_size
 
     @property
     def nbytes(self) -> int:
-        return self.recurrent_nbytes + self.kv_nbytes
+        return sum(layer.nbytes for layer in self.layers)
+
+    @property
+    def kv_nbytes(self) -> int:
+        """Bytes of what grows with the context: the attention layers' cached tokens."""
+        return sum(layer.bytes_per_token * layer.cached_tokens for layer in self.layers)
 
     @property
     def recurrent_nbytes(self) -> int:
         """Bytes of the fixed-size recurrent memory: the same for 10 tokens and for 10 million."""
-        return sum(layer.nbytes for layer in self.layers if isinstance(layer, RecurrentLayerState))
-
-    @property
-    def kv_nbytes(self) -> int:
-        return sum(layer.nbytes for layer in self.layers if isinstance(layer, KVCache))
+        return self.nbytes - self.kv_nbytes
 
     @property
     def bytes_per_token(self) -> int:
@@ -144,76 +238,43 @@ class State:
 
     @property
     def kv_tokens(self) -> int:
-        return max((layer.length for layer in self.layers if isinstance(layer, KVCache)), default=0)
+        return max(layer.cached_tokens for layer in self.layers)
+
+    def advance(self, tokens: int) -> None:
+        """Count `tokens` more consumed, by every row."""
+        self.position += tokens
+        if self.row_positions is not None:
+            self.row_positions += tokens
 
     @classmethod
     def stack(cls, states: list[State]) -> State:
         """One batch from batch-1 states that may have read different lengths (for batched decode).
 
-        Recurrent tensors are concatenated; KV caches are right-aligned, the unused start of each
-        row is marked as padding, and each row keeps its own rotary position. A single state is
-        already a batch: it comes back as it is, without a copy, padding or per-row positions.
+        Each layer stacks its rows (KV caches right-aligned, their unused starts marked as padding),
+        and each row keeps its own rotary position. A single state is already a batch: it comes back
+        as it is, without a copy, padding or per-row positions.
         """
         if len(states) == 1:
             return states[0]
-        layers: list[LayerState] = []
-        for per_row in zip(*(state.layers for state in states)):
-            first = per_row[0]
-            if isinstance(first, RecurrentLayerState):
-                layers.append(RecurrentLayerState(
-                    matrix=torch.cat([layer.matrix for layer in per_row]),
-                    shift=torch.cat([layer.shift for layer in per_row]),
-                ))
-                continue
-            longest = max(layer.length for layer in per_row)
-            shape = (len(per_row), first.keys.shape[1], longest + KV_GROWTH_TOKENS, first.keys.shape[3])
-            keys, values = first.keys.new_zeros(shape), first.values.new_zeros(shape)
-            for row, layer in enumerate(per_row):
-                keys[row, :, longest - layer.length : longest] = layer.keys[0, :, : layer.length]
-                values[row, :, longest - layer.length : longest] = layer.values[0, :, : layer.length]
-            pad = torch.tensor([longest - layer.length for layer in per_row], device=keys.device)
-            layers.append(KVCache(keys=keys, values=values, length=longest, pad=pad))
+        layers = [type(rows[0]).stack(list(rows)) for rows in zip(*(state.layers for state in states))]
         positions = [state.position for state in states]
-        row_positions = torch.tensor(positions, device=states[0]._device())
+        row_positions = torch.tensor(positions, device=states[0].layers[0].device)
         return cls(layers=layers, position=max(positions), row_positions=row_positions)
 
     def snapshot(self) -> Snapshot:
-        saved = []
-        for layer in self.layers:
-            if isinstance(layer, RecurrentLayerState):
-                saved.append({k: t.clone() for k, t in layer.tensors().items()})
-            else:
-                saved.append((layer.keys[:, :, : layer.length], layer.values[:, :, : layer.length]))
-        return Snapshot(layers=saved, position=self.position)
+        return Snapshot(layers=[layer.snapshot() for layer in self.layers], position=self.position)
 
     def restore(self, snapshot: Snapshot) -> None:
         """Come back to `snapshot`. A snapshot of batch 1 may be restored into any batch size."""
         if len(snapshot.layers) != len(self.layers):
             raise ValueError("snapshot belongs to a model with a different number of layers")
         for layer, saved in zip(self.layers, snapshot.layers):
-            if isinstance(layer, RecurrentLayerState):
-                layer.matrix.copy_(saved["matrix"].expand_as(layer.matrix))
-                layer.shift.copy_(saved["shift"].expand_as(layer.shift))
-            else:
-                keys, values = saved
-                length = keys.shape[2]
-                same_storage = keys.data_ptr() == layer.keys.data_ptr() and keys.shape[0] == layer.keys.shape[0]
-                if same_storage:
-                    layer.length = length  # the prefix is still in place: a truncation
-                else:
-                    layer.length = 0
-                    batch = layer.keys.shape[0]
-                    shape = (batch, keys.shape[1], length, keys.shape[3])
-                    layer.append(keys.expand(shape), values.expand(shape))
+            layer.restore(saved)
         self.position = snapshot.position
 
     def reset(self) -> None:
         for layer in self.layers:
-            if isinstance(layer, RecurrentLayerState):
-                layer.matrix.zero_()
-                layer.shift.zero_()
-            else:
-                layer.length = 0
+            layer.reset()
         self.position = 0
 
     def keep_attention_window(self, *, keep_first: int, keep_last: int) -> None:
@@ -224,8 +285,7 @@ class State:
         while more than keep_first + keep_last tokens were cached are no longer valid.
         """
         for layer in self.layers:
-            if isinstance(layer, KVCache):
-                layer.drop_middle(keep_first, keep_last)
+            layer.keep_window(keep_first, keep_last)
 
     def save(self, path: str | Path) -> None:
         tensors: dict[str, torch.Tensor] = {}
@@ -237,40 +297,25 @@ class State:
     def load(self, path: str | Path) -> None:
         """Load a state written by `save` into this one; the file must match these shapes."""
         try:
-            with safe_open(str(path), framework="pt", device=str(self._device())) as f:
+            with safe_open(str(path), framework="pt", device=str(self.layers[0].device)) as f:
                 position = int((f.metadata() or {}).get("position", "0"))
                 tensors = {key: f.get_tensor(key) for key in f.keys()}
         except Exception as exc:  # safetensors raises several unrelated types for a bad file
             raise SummarizeError(f"{path}: not a saved state ({exc})") from exc
-        expected = set()
+        per_layer = []
         for i, layer in enumerate(self.layers):
-            for name, tensor in layer.tensors().items():
-                key = f"layers.{i}.{name}"
-                expected.add(key)
-                if key not in tensors:
-                    raise SummarizeError(f"{path}: saved state lacks {key}; it belongs to another model")
-                saved = tensors[key]
-                if isinstance(layer, RecurrentLayerState):
-                    if saved.shape != tensor.shape:
-                        raise SummarizeError(
-                            f"{path}: {key} has shape {tuple(saved.shape)}, this model needs {tuple(tensor.shape)}"
-                        )
-                elif saved.shape[:2] != tensor.shape[:2] or saved.shape[3] != tensor.shape[3]:
-                    raise SummarizeError(f"{path}: {key} has shape {tuple(saved.shape)}; it belongs to another model")
-        if set(tensors) - expected:
+            keys = {name: f"layers.{i}.{name}" for name in layer.tensors()}
+            missing = [key for key in keys.values() if key not in tensors]
+            if missing:
+                raise SummarizeError(f"{path}: saved state lacks {missing[0]}; it belongs to another model")
+            per_layer.append({name: tensors.pop(key) for name, key in keys.items()})
+        if tensors:
             raise SummarizeError(f"{path}: saved state has layers this model lacks; it belongs to another model")
-        for i, layer in enumerate(self.layers):
-            if isinstance(layer, RecurrentLayerState):
-                layer.matrix.copy_(tensors[f"layers.{i}.matrix"])
-                layer.shift.copy_(tensors[f"layers.{i}.shift"])
-            else:
-                layer.length = 0
-                layer.append(tensors[f"layers.{i}.keys"].to(layer.keys.dtype), tensors[f"layers.{i}.values"].to(layer.values.dtype))
+        for i, (layer, saved) in enumerate(zip(self.layers, per_layer)):
+            layer.check(saved, f"{path}: layers.{i}")
+        for layer, saved in zip(self.layers, per_layer):  # nothing is changed until all of it fits
+            layer.load(saved)
         self.position = position
-
-    def _device(self) -> torch.device:
-        first = self.layers[0]
-        return (first.matrix if isinstance(first, RecurrentLayerState) else first.keys).device
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

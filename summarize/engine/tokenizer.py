@@ -16,6 +16,8 @@ from pathlib import Path
 import tokenizers
 from tokenizers import AddedToken
 
+from summarize.errors import SummarizeError
+
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 END_OF_TEXT = "<|endoftext|>"
@@ -245,6 +247,15 @@ def load_stop_ids(model_dir: str | Path, tokenizer: Tokenizer | None = None) -> 
     if tokenizer is not None:
         ids |= {tokenizer.token_id(s) for s in (IM_END, END_OF_TEXT) if tokenizer.has_token(s)}
     return frozenset(ids)
+
+
+def load_hub_tokenizer(folder: Path) -> tuple[Tokenizer, frozenset[int]]:
+    """The `tokenizer.json` beside a hub checkpoint's weights, and its stop ids."""
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        raise SummarizeError(f"{folder}: no tokenizer.json beside the weights")
+    tokenizer = Tokenizer.from_file(path)
+    return tokenizer, load_stop_ids(folder, tokenizer)
 
 
 class IncrementalDetokenizer:

@@ -1,10 +1,11 @@
-"""The Gated Delta Rule (Gated DeltaNet's recurrence) in three tiers.
+"""The Gated Delta Rule (Gated DeltaNet's recurrence): one entry point and its three tiers.
 
+- ``gated_delta_rule``: what a layer calls. It chooses the kernel (flash-linear-attention's on
+  CUDA when installed, else the chunked form for a span, the single step for one token), groups
+  the heads, updates the state in place and returns ``(o, stats or None)``.
 - ``naive_recurrent_gated_delta_rule``: a plain per-token loop in fp32, the oracle.
 - ``chunk_gated_delta_rule``: the chunked parallel (WY) form, for prefill.
 - ``recurrent_step_gated_delta_rule``: one token, state updated in place, for decode.
-
-On CUDA with fla-core installed, prefill runs ``gated_delta_rule_fla`` instead (the same contract).
 
 Shared conventions (B batch, T tokens, H value heads, K key dim, V value dim):
 
@@ -18,41 +19,67 @@ Shared conventions (B batch, T tokens, H value heads, K key dim, V value dim):
     S_t = alpha_t S_{t-1} + k_t u_t^T,   u_t = beta_t (v_t - (alpha_t S_{t-1})^T k_t),
     o_t = S_t^T (scale q_t)
 
-Every op also reports the diagnostics of design §4 as a ``DeltaRuleStats``.
+Every tier also reports the diagnostics of docs/design.md §4 as ``RecurrenceStats``.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from summarize.engine.diagnostics import RecurrenceStats
+from summarize.engine.ops.chunk_blocks import block_tokens
+from summarize.engine.ops.gated_delta_rule_fla import fla_chunk_gated_delta_rule, fla_usable
+
 __all__ = [
-    "DeltaRuleStats",
     "chunk_gated_delta_rule",
-    "chunk_rule_op",
+    "gated_delta_rule",
     "naive_recurrent_gated_delta_rule",
     "recurrent_step_gated_delta_rule",
 ]
 
 DEFAULT_CHUNK_SIZE = 64
+# Tokens per chunk when a layer prefills on the CPU: smaller chunks keep the solve in cache
+# (0.8B shape, bf16, 2,048 tokens: 231 tok/s at 32 against 196 at 64).
+PREFILL_CHUNK_SIZE = 32
 
 
-@dataclass
-class DeltaRuleStats:
-    """Diagnostics of one span (a prefill chunk or a decoded token), fp32, one value per batch row.
+def gated_delta_rule(
+    *, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, with_stats: bool = False
+) -> tuple[Tensor, RecurrenceStats | None]:
+    """The recurrence over a span from ``state``, which it advances in place.
 
-    state_norm: [B]  Frobenius norm of the state after the span, all heads together.
-    gate_mean:  [B]  mean of alpha_t = exp(g_t) over the span's tokens and heads, in (0, 1].
-    delta_norm: [B]  mean over the span's tokens of ||k_t u_t^T||_F with the heads summed in
-                     quadrature: sqrt(sum_h ||k_{t,h}||^2 ||u_{t,h}||^2).
+    Args:
+        q, k: [B, T, H_k, K], L2-normalised over K, their own heads: value head h reads key head
+            h // (H / H_k).
+        v: [B, T, H, V], H a multiple of H_k.
+        g: [B, T, H], log-space decay <= 0.
+        beta: [B, T, H], in (0, 1).
+        state: [B, H, K, V] fp32, updated in place.
+        with_stats: also measure the span's ``RecurrenceStats``.
+
+    Returns:
+        o: [B, T, H, V] in v.dtype; the stats, or None.
     """
-
-    state_norm: Tensor
-    gate_mean: Tensor
-    delta_norm: Tensor
+    T = q.shape[1]
+    if T > 1 and fla_usable(q.device):
+        result = fla_chunk_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=state, with_stats=with_stats)
+        if result is not None:  # None: the kernels failed here, and the torch path runs instead
+            o, final, stats = result
+            state.copy_(final)
+            return o, stats
+    groups = v.shape[2] // k.shape[2]
+    if groups > 1:  # each q/k head serves consecutive v heads
+        q, k = q.repeat_interleave(groups, dim=2), k.repeat_interleave(groups, dim=2)
+    if T == 1:
+        o, stats = recurrent_step_gated_delta_rule(
+            q=q[:, 0], k=k[:, 0], v=v[:, 0], g=g[:, 0], beta=beta[:, 0], state=state, with_stats=with_stats
+        )
+        return o[:, None], stats
+    o, final, *stats = _chunk_rule_op(q, k, v, g, beta, state, PREFILL_CHUNK_SIZE, with_stats)
+    state.copy_(final)
+    return o, RecurrenceStats(*stats) if with_stats else None
 
 
 def naive_recurrent_gated_delta_rule(
@@ -110,7 +137,7 @@ def chunk_gated_delta_rule(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     output_final_state: bool = True,
     with_stats: bool = True,
-) -> tuple[Tensor, Tensor | None, DeltaRuleStats | None]:
+) -> tuple[Tensor, Tensor | None, RecurrenceStats | None]:
     """Chunked parallel form of the recurrence, for prefill. Computes in fp32 whatever the input dtype.
 
     Within a chunk of C tokens the C delta-rule updates are folded into a few matrix products and one
@@ -130,7 +157,7 @@ def chunk_gated_delta_rule(
         initial_state: [B, H, K, V] or None (zeros); not modified.
         chunk_size: C, tokens per chunk.
         output_final_state: return the state after the span (else None).
-        with_stats: return ``DeltaRuleStats`` for the span (else None).
+        with_stats: return ``RecurrenceStats`` for the span (else None).
 
     Returns:
         o: [B, T, H, V] in v.dtype; final_state: [B, H, K, V] fp32 or None; stats or None.
@@ -147,9 +174,7 @@ def chunk_gated_delta_rule(
     else:
         S = initial_state.to(torch.float32, copy=True).reshape(B * H, K, V)
     out = torch.empty(B, T, H, V, dtype=v.dtype, device=v.device)
-    # Blocks of chunks bound the working set: on CPU the batched intermediates then stay in cache
-    block_rows = _BLOCK_TOKEN_HEADS_CPU if v.device.type == "cpu" else _BLOCK_TOKEN_HEADS_ACCELERATOR
-    block = C * max(1, block_rows // (B * H * C))
+    block = block_tokens(v.device, B * H, C)  # bounded working set: on CPU it stays in cache
     delta_sum = torch.zeros(B, dtype=torch.float32, device=v.device) if with_stats else None
     for t0 in range(0, T, block):
         span = slice(t0, min(T, t0 + block))
@@ -160,7 +185,7 @@ def chunk_gated_delta_rule(
     final = S.view(B, H, K, V)
     stats = None
     if with_stats:
-        stats = DeltaRuleStats(
+        stats = RecurrenceStats(
             state_norm=final.reshape(B, -1).norm(dim=-1),
             gate_mean=g.float().exp().mean(dim=(1, 2)),
             delta_norm=delta_sum / T,
@@ -169,14 +194,12 @@ def chunk_gated_delta_rule(
 
 
 @torch.library.custom_op("summarize::chunk_gated_delta_rule", mutates_args=())
-def chunk_rule_op(
+def _chunk_rule_op(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, chunk_size: int, with_stats: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``chunk_gated_delta_rule`` from ``state``, as one opaque op.
-
-    What a compiled prefill step calls: the graph around it stays whole, and the op (a Python loop
-    over chunks) runs as it does eagerly. Returns o, the final state, then state_norm, gate_mean
-    and delta_norm ([B] each; empty without ``with_stats``).
+    """``chunk_gated_delta_rule`` from ``state``, as one opaque op: a compiled prefill step keeps
+    its graph whole around it, and the loop over chunks runs as it does eagerly. Returns o, the
+    final state, then state_norm, gate_mean and delta_norm ([B] each; empty without stats).
     """
     o, final, stats = chunk_gated_delta_rule(
         q=q, k=k, v=v, g=g, beta=beta, initial_state=state, chunk_size=chunk_size, with_stats=with_stats
@@ -187,20 +210,13 @@ def chunk_rule_op(
     return o, final, stats.state_norm, stats.gate_mean, stats.delta_norm
 
 
-@chunk_rule_op.register_fake
+@_chunk_rule_op.register_fake
 def _(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, chunk_size: int, with_stats: bool):
     per_row = q.new_empty((q.shape[0] if with_stats else 0,), dtype=torch.float32)
     return (
         v.new_empty(v.shape), state.new_empty(state.shape, dtype=torch.float32),
         per_row, torch.empty_like(per_row), torch.empty_like(per_row),
     )
-
-
-# Token x head rows per block of chunks. On CPU: enough for efficient batched products, few enough
-# that the block's intermediates (about 2.5 KiB per row at K = V = 128) stay in cache; measured
-# best around 2048 on a 2-core AVX-512 machine. On an accelerator, fewer and larger launches win.
-_BLOCK_TOKEN_HEADS_CPU = 2048
-_BLOCK_TOKEN_HEADS_ACCELERATOR = 1 << 17
 
 
 def _chunk_block(
@@ -294,7 +310,7 @@ def recurrent_step_gated_delta_rule(
     state: Tensor,
     scale: float | None = None,
     with_stats: bool = False,
-) -> Tensor | tuple[Tensor, DeltaRuleStats]:
+) -> tuple[Tensor, RecurrenceStats | None]:
     """One decode step: updates ``state`` in place and returns this token's output.
 
     Args:
@@ -304,10 +320,10 @@ def recurrent_step_gated_delta_rule(
         beta: [B, H], in (0, 1).
         state: [B, H, K, V] fp32, updated in place.
         scale: multiplies q; default K ** -0.5.
-        with_stats: also return the step's ``DeltaRuleStats`` (one extra pass over the state).
+        with_stats: also measure the step's ``RecurrenceStats`` (one extra pass over the state).
 
     Returns:
-        o: [B, H, V] in v.dtype; or (o, stats) when ``with_stats``.
+        o: [B, H, V] in v.dtype; the stats, or None.
     """
     _check_shapes(q, k, v, g, beta)
     K = k.shape[-1]
@@ -327,10 +343,10 @@ def recurrent_step_gated_delta_rule(
     state.mul_(alpha).addcmul_(k.unsqueeze(-1), u.unsqueeze(-2))
     o = o.to(out_dtype)
     if not with_stats:
-        return o
+        return o, None
     B = state.shape[0]
     delta_per_head = torch.linalg.vector_norm(k, dim=-1).mul_(torch.linalg.vector_norm(u, dim=-1))
-    stats = DeltaRuleStats(
+    stats = RecurrenceStats(
         state_norm=torch.linalg.vector_norm(state.reshape(B, -1), dim=-1),
         gate_mean=alpha.view(B, -1).mean(dim=-1),
         delta_norm=torch.linalg.vector_norm(delta_per_head, dim=-1),  # heads in quadrature

@@ -8,7 +8,7 @@ h // (H_v / H_k), as the model's grouping does.
 
 The kernels are called piece by piece, as fla's own ``chunk_gated_delta_rule_fwd`` does, because
 its public function does not return u_t, what each token writes into the state, which the
-diagnostics need (design §4: delta_norm). The pieces are those of fla-core 0.5.
+diagnostics need (docs/design.md §4: delta_norm). The pieces are those of fla-core 0.5.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import functools
 import torch
 from torch import Tensor
 
-from summarize.engine.ops.fla_support import on_device, turn_off, turned_off
+from summarize.engine.diagnostics import RecurrenceStats
+from summarize.engine.ops.fla_support import on_device, turn_off, usable
 
 __all__ = ["fla_chunk_gated_delta_rule", "fla_usable"]
 
@@ -41,28 +42,27 @@ def _kernels():
 
 def fla_usable(device: torch.device) -> bool:
     """True on a CUDA device with fla-core importable, until one of fla's kernels fails."""
-    return device.type == "cuda" and not turned_off() and _kernels() is not None
+    return usable(device, _kernels)
 
 
 @torch.no_grad()
 def fla_chunk_gated_delta_rule(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, with_stats: bool
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None:
-    """The recurrence over a span from ``state`` (not modified), in fla's kernels; None if they
-    fail (fla is then turned off for the process: the caller runs the torch path).
+    *, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Tensor, with_stats: bool = True
+) -> tuple[Tensor, Tensor, RecurrenceStats | None] | None:
+    """The recurrence over a span from ``initial_state`` (not modified), in fla's kernels; None if
+    they fail (fla is then turned off for the process: the caller runs the torch path).
 
     Args:
         q, k: [B, T, H_k, K], L2-normalised over K (any float dtype; the kernels read v's).
         v: [B, T, H, V], H a multiple of H_k.
         g: [B, T, H], log-space decay <= 0.  beta: [B, T, H], in (0, 1).
-        state: [B, H, K, V] fp32.
+        initial_state: [B, H, K, V] fp32.
 
     Returns:
-        o [B, T, H, V] in v.dtype, the final state [B, H, K, V] fp32, then state_norm, gate_mean and
-        delta_norm ([B] each, fp32; empty without ``with_stats``), as ``chunk_rule_op``.
+        o: [B, T, H, V] in v.dtype; final_state: [B, H, K, V] fp32; stats or None.
     """
     try:
-        return _chunk(q, k, v, g, beta, state, with_stats)
+        return _chunk(q, k, v, g, beta, initial_state, with_stats)
     except Exception as error:  # noqa: BLE001 - a kernel that cannot run here: the torch path can
         turn_off(error)
         return None
@@ -84,12 +84,11 @@ def _chunk(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tens
         )
         o = output(q=q_in, k=k_in, v=u, h=chunk_states, g=g_cum, scale=K**-0.5, chunk_size=C)
     if not with_stats:
-        none = final.new_empty(0)
-        return o, final, none, none.clone(), none.clone()
+        return o, final, None
     # u here is u_t = beta_t (v_t - (alpha_t S_{t-1})^T k_t), token by token
     k_sq = k.float().square().sum(-1).repeat_interleave(H // Hk, dim=2)  # [B, T, H]
     u_sq = u.float().square().sum(-1)
     delta_norm = (k_sq * u_sq).sum(-1).sqrt().mean(-1)
     state_norm = final.reshape(B, -1).norm(dim=-1)
     gate_mean = g.float().exp().mean(dim=(1, 2))
-    return o, final, state_norm, gate_mean, delta_norm
+    return o, final, RecurrenceStats(state_norm=state_norm, gate_mean=gate_mean, delta_norm=delta_norm)

@@ -1,10 +1,11 @@
-"""RWKV-7's state update (the generalised delta rule, "wkv7") in three tiers.
+"""RWKV-7's state update (the generalised delta rule, "wkv7"): one entry point and its three tiers.
 
+- ``rwkv7_wkv``: what a layer calls. It chooses the kernel (flash-linear-attention's on CUDA when
+  installed, else the chunked form for a span, the single step for one token), updates the state
+  in place and returns ``(o, stats or None)``.
 - ``naive_recurrent_rwkv7``: a plain per-token loop in fp32, the oracle.
 - ``chunk_rwkv7``: the chunked parallel form, for prefill.
 - ``recurrent_step_rwkv7``: one token, state updated in place, for decode.
-
-On CUDA with fla-core installed, prefill runs ``rwkv7_wkv_fla`` instead (the same contract).
 
 Shared conventions (B batch, T tokens, H heads, K = V = head size):
 
@@ -25,7 +26,7 @@ log-decays c_t, and the form multiplies exp(c_t) by exp(-c_s). RWKV-7's decay is
 (log w >= -exp(-1/2) ~ -0.607), so |c| <= 0.607 C: for C <= MAX_CHUNK_SIZE every factor stays far
 inside the fp32 range, and every product that is kept equals a decay between two tokens, <= 1.
 
-Every op also reports the diagnostics of design §4 as a ``DeltaRuleStats``: gate_mean is the mean
+Every tier also reports the diagnostics of docs/design.md §4 as ``RecurrenceStats``: gate_mean is the mean
 decay w over tokens, heads and channels; delta_norm is the mean over tokens of what a token writes
 into the state, ||b_t u_t^T + k_t v_t^T||_F, heads summed in quadrature.
 """
@@ -38,18 +39,45 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from summarize.engine.ops.gated_delta_rule import DeltaRuleStats
+from summarize.engine.diagnostics import RecurrenceStats
+from summarize.engine.ops.chunk_blocks import block_tokens
+from summarize.engine.ops.rwkv7_wkv_fla import fla_chunk_rwkv7, fla_usable
 
-__all__ = ["chunk_rwkv7", "naive_recurrent_rwkv7", "recurrent_step_rwkv7"]
+__all__ = ["chunk_rwkv7", "naive_recurrent_rwkv7", "recurrent_step_rwkv7", "rwkv7_wkv"]
 
 DEFAULT_CHUNK_SIZE = 32  # measured on CPU: 16-32 beat 64 (fewer wasted upper-triangle products)
 LOG_DECAY_MIN = -math.exp(-0.5)  # log w >= this (w = exp(-e^{-1/2} sigmoid(.))): keeps the chunk form finite
 # exp(0.607 * 128) ~ 1e34 < fp32 max ~ 3e38: the largest factor the chunk form ever builds.
 MAX_CHUNK_SIZE = 128
-# Token x head rows per block of chunks: bounds the working set of the state-independent part
-# (on CPU it then stays in cache; same trade-off as the gated delta rule).
-_BLOCK_TOKEN_HEADS_CPU = 2048
-_BLOCK_TOKEN_HEADS_ACCELERATOR = 1 << 17
+
+
+def rwkv7_wkv(
+    *, r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, state: Tensor,
+    dtype: torch.dtype, with_stats: bool = False,
+) -> tuple[Tensor, RecurrenceStats | None]:
+    """The recurrence over a span from ``state``, which it advances in place.
+
+    Args:
+        r, k, a, b: [B, T, H, K].
+        log_w: [B, T, H, K], log-space decay in [-exp(-1/2), 0].
+        v: [B, T, H, V].
+        state: [B, H, K, V] fp32, updated in place.
+        dtype: the model's dtype, in which a GPU kernel reads r, k, v, a, b (decays stay fp32).
+        with_stats: also measure the span's ``RecurrenceStats``.
+
+    Returns:
+        o: [B, T, H, V] fp32; the stats, or None.
+    """
+    inputs = dict(r=r, log_w=log_w, k=k, v=v, a=a, b=b)
+    if k.shape[1] == 1:
+        o, stats = recurrent_step_rwkv7(**{name: x[:, 0] for name, x in inputs.items()}, state=state, with_stats=with_stats)
+        return o[:, None], stats
+    result = None
+    if fla_usable(k.device):  # None: the kernels failed here, and the torch path runs instead
+        result = fla_chunk_rwkv7(**inputs, initial_state=state, dtype=dtype, with_stats=with_stats)
+    o, final, stats = result or chunk_rwkv7(**inputs, initial_state=state, with_stats=with_stats)
+    state.copy_(final)
+    return o, stats
 
 
 def naive_recurrent_rwkv7(
@@ -99,7 +127,7 @@ def chunk_rwkv7(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     output_final_state: bool = True,
     with_stats: bool = True,
-) -> tuple[Tensor, Tensor | None, DeltaRuleStats | None]:
+) -> tuple[Tensor, Tensor | None, RecurrenceStats | None]:
     """Chunked parallel form of the recurrence, for prefill. Computes in fp32 whatever the input dtype.
 
     Within a chunk, with c_t the inclusive cumulative log-decay from the chunk start, ~ for a vector
@@ -120,7 +148,7 @@ def chunk_rwkv7(
         initial_state: [B, H, K, V] or None (zeros); not modified.
         chunk_size: C, tokens per chunk, at most MAX_CHUNK_SIZE.
         output_final_state: return the state after the span (else None).
-        with_stats: return ``DeltaRuleStats`` for the span (else None).
+        with_stats: return ``RecurrenceStats`` for the span (else None).
 
     Returns:
         o: [B, T, H, V] fp32; final_state: [B, H, K, V] fp32 or None; stats or None.
@@ -137,8 +165,7 @@ def chunk_rwkv7(
     else:
         S = initial_state.to(torch.float32, copy=True).reshape(B * H, K, V)
     out = torch.empty(B, T, H, V, dtype=torch.float32, device=v.device)
-    block_rows = _BLOCK_TOKEN_HEADS_CPU if v.device.type == "cpu" else _BLOCK_TOKEN_HEADS_ACCELERATOR
-    block = chunk_size * max(1, block_rows // (B * H * chunk_size))
+    block = block_tokens(v.device, B * H, chunk_size)
     delta_sum = torch.zeros(B, dtype=torch.float32, device=v.device) if with_stats else None
     for t0 in range(0, T, block):
         span = slice(t0, min(T, t0 + block))
@@ -149,7 +176,7 @@ def chunk_rwkv7(
     final = S.view(B, H, K, V)
     stats = None
     if with_stats:
-        stats = DeltaRuleStats(
+        stats = RecurrenceStats(
             state_norm=final.reshape(B, -1).norm(dim=-1),
             gate_mean=log_w.float().exp().mean(dim=(1, 2, 3)),
             delta_norm=delta_sum / T,
@@ -243,7 +270,7 @@ def recurrent_step_rwkv7(
     b: Tensor,
     state: Tensor,
     with_stats: bool = False,
-) -> Tensor | tuple[Tensor, DeltaRuleStats]:
+) -> tuple[Tensor, RecurrenceStats | None]:
     """One decode step: updates ``state`` in place and returns this token's output.
 
     Args:
@@ -251,10 +278,10 @@ def recurrent_step_rwkv7(
         log_w: [B, H, K], log-space decay in [-exp(-1/2), 0].
         v: [B, H, V].
         state: [B, H, K, V] fp32, updated in place.
-        with_stats: also return the step's ``DeltaRuleStats`` (one extra pass over the state).
+        with_stats: also measure the step's ``RecurrenceStats`` (one extra pass over the state).
 
     Returns:
-        o: [B, H, V] fp32; or (o, stats) when ``with_stats``.
+        o: [B, H, V] fp32; the stats, or None.
     """
     _check_shapes(r, log_w, k, v, a, b)
     r, log_w, k, v, a, b = (x.float() for x in (r, log_w, k, v, a, b))
@@ -266,9 +293,9 @@ def recurrent_step_rwkv7(
     write = torch.matmul(torch.stack((b, k), dim=-1), torch.stack((u, v), dim=-2))  # b u^T + k v^T
     state.mul_(w.unsqueeze(-1)).add_(write)
     if not with_stats:
-        return o
+        return o, None
     B = state.shape[0]
-    stats = DeltaRuleStats(
+    stats = RecurrenceStats(
         state_norm=state.reshape(B, -1).norm(dim=-1),
         gate_mean=w.view(B, -1).mean(dim=-1),
         delta_norm=write.square().sum(dim=(1, 2, 3)).sqrt(),

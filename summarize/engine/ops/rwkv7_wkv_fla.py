@@ -6,7 +6,8 @@ module; fla's diagonal-plus-low-rank rule is the same recurrence, with q = r, gk
 S_t = diag(w_t) S_{t-1} + b_t (S_{t-1}^T a_t)^T + k_t v_t^T.
 
 fla's ``chunk_dplr_fwd`` is called rather than its public ``chunk_rwkv7`` because only the former
-hands back u_t = S_{t-1}^T a_t (its ``v_new``), which the diagnostics need (design §4). fla-core 0.5.
+hands back u_t = S_{t-1}^T a_t (its ``v_new``), which the diagnostics need (docs/design.md §4).
+fla-core 0.5.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import functools
 import torch
 from torch import Tensor
 
-from summarize.engine.ops.gated_delta_rule import DeltaRuleStats
-from summarize.engine.ops.fla_support import on_device, turn_off, turned_off
+from summarize.engine.diagnostics import RecurrenceStats
+from summarize.engine.ops.fla_support import on_device, turn_off, usable
 
 __all__ = ["fla_chunk_rwkv7", "fla_usable"]
 
@@ -36,14 +37,14 @@ def _forward():
 
 def fla_usable(device: torch.device) -> bool:
     """True on a CUDA device with fla-core importable, until one of fla's kernels fails."""
-    return device.type == "cuda" and not turned_off() and _forward() is not None
+    return usable(device, _forward)
 
 
 @torch.no_grad()
 def fla_chunk_rwkv7(
     *, r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor,
     initial_state: Tensor, dtype: torch.dtype, with_stats: bool = True,
-) -> tuple[Tensor, Tensor, DeltaRuleStats | None] | None:
+) -> tuple[Tensor, Tensor, RecurrenceStats | None] | None:
     """As ``rwkv7_wkv.chunk_rwkv7`` from ``initial_state`` (not modified), in fla's kernels; None if
     they fail (fla is then turned off for the process: the caller runs the torch path).
 
@@ -78,7 +79,7 @@ def fla_chunk_rwkv7(
         + k32.square().sum(-1) * v32.square().sum(-1)
         + 2 * (b32 * k32).sum(-1) * (u32 * v32).sum(-1)
     )
-    stats = DeltaRuleStats(
+    stats = RecurrenceStats(
         state_norm=final.reshape(B, -1).norm(dim=-1),
         gate_mean=log_w.float().exp().mean(dim=(1, 2, 3)),
         delta_norm=sq.clamp(min=0).sum(-1).sqrt().mean(-1),

@@ -1,0 +1,28 @@
+"""The contract a model family's module declares: what it loads, how it builds, its tokenizer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Family:
+    """One family of models, as its module exports it under the name `FAMILY`.
+
+    build(config: dict, checkpoint, *, device, dtype, quantize) -> model: the model, its tensors'
+        names and shapes checked (`checkpoint` answers `in`, names(), shape(), read(), folder).
+    load_tokenizer(source: Path) -> (tokenizer, stop ids): `source` is the model's folder.
+    model_types: the config.json `model_type`s the family reads.
+    file_suffixes: single weight files it reads without a config.json (a BlinkDL `.pth`, say).
+    quantize_modes: the `quantize` values `build` accepts besides None.
+    """
+
+    name: str
+    build: Callable
+    load_tokenizer: Callable[[Path], tuple]
+    model_types: tuple[str, ...] = ()
+    file_suffixes: tuple[str, ...] = ()
+    quantize_modes: tuple[str, ...] = ()
+    label: str = ""  # how messages name it ("Qwen3.5")

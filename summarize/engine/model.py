@@ -1,0 +1,125 @@
+"""What every model family shares: the model protocol, and the steps a model runs its spans through.
+
+A family supplies its layers (`nn.Module`s called as `layer(x, layer_state, context, with_stats)
+-> (x, stats or None)`), `embed`, `span_context`, `logits`, `new_state` and a `build` function;
+`RecurrentModel` does the rest:
+
+    forward(input_ids [B, T], state) -> logits [B, T, vocab]      (advances state)
+    prefill(input_ids [B, T], state) -> logits [B, vocab]         (last position only, in blocks)
+    decode(token_ids [B], state)     -> logits [B, vocab]         (one step)
+
+Set `listener` to receive a `SpanReport` after each call (docs/design.md §4). The layers and the
+head run through `steps`: `Steps` runs them as they are; `compiled.compile_steps` swaps in
+compiled ones from the outside, and the model does not know which it has.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from summarize.engine.diagnostics import LayerStats, Listener, Phase, merge_block_stats, report_span
+from summarize.engine.state import State
+
+
+class Steps:
+    """Runs a model's layers and head eagerly."""
+
+    def layer(self, layer: nn.Module, x: Tensor, layer_state, context, with_stats: bool):
+        return layer(x, layer_state, context, with_stats)
+
+    def head(self, model: RecurrentModel, hidden: Tensor) -> Tensor:
+        return model.logits(hidden)
+
+    def decode(self, model: RecurrentModel, token_ids: Tensor, state: State, with_stats: bool):
+        """One token per row through every layer and the head → (logits [B, V], per-layer stats)."""
+        hidden, stats = model.run_layers(token_ids[:, None], state, with_stats)
+        return self.head(model, hidden[:, -1]), stats
+
+
+class RecurrentModel(nn.Module):
+    """The model protocol; a family's model subclasses it (see the module docstring)."""
+
+    family: str  # the registry's name for the family
+    prefill_block_tokens = 1024  # prefill runs in blocks of at most this many tokens: bounded activations
+    compiles = False  # whether its steps may be compiled (`compiled.wanted`)
+    # (model, x [1, 1, H], layer_states, context, slot, with_stats) -> (logits, stats): every layer
+    # and the head for one sequence's token, for a compiled step to run through `decode_through`
+    whole_decode_step = None
+    layers: nn.ModuleList
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listener: Listener | None = None
+        self.steps = Steps()
+        self.compiled = None  # the compiled steps, once `compiled.compile_steps` has set them
+
+    # -- what a family supplies ----------------------------------------------------------------
+
+    def new_state(self, batch_size: int = 1) -> State:
+        raise NotImplementedError
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        """input_ids [B, T] → hidden states [B, T, H] in the model's dtype."""
+        raise NotImplementedError
+
+    def span_context(self, state: State, tokens: int):
+        """What every layer needs for the next `tokens` tokens (rotary angles, say); None by default."""
+        return None
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """The final norm and the head: hidden [..., H] → logits [..., V]."""
+        raise NotImplementedError
+
+    def decode_through(self, step, token_ids: Tensor, state: State) -> tuple[Tensor, LayerStats]:
+        """One token per row through `whole_decode_step` (or its compiled form)."""
+        raise NotImplementedError
+
+    @property
+    def dtype(self) -> torch.dtype:
+        raise NotImplementedError
+
+    @property
+    def device(self) -> torch.device:
+        raise NotImplementedError
+
+    # -- what every family gets -----------------------------------------------------------------
+
+    @torch.no_grad()
+    def forward(self, input_ids: Tensor, state: State) -> Tensor:
+        hidden, stats = self.run_layers(input_ids, state, with_stats=True)
+        self._report(stats, state, "prefill", input_ids.shape[1])
+        return self.logits(hidden)
+
+    @torch.no_grad()
+    def prefill(self, input_ids: Tensor, state: State) -> Tensor:
+        # prefill always checks the state: cheap per block
+        blocks: list[tuple[int, LayerStats]] = []
+        for start in range(0, input_ids.shape[1], self.prefill_block_tokens):
+            block = input_ids[:, start : start + self.prefill_block_tokens]
+            hidden, stats = self.run_layers(block, state, with_stats=True)
+            blocks.append((block.shape[1], stats))
+        self._report(merge_block_stats(blocks), state, "prefill", input_ids.shape[1])
+        return self.logits(hidden[:, -1])
+
+    @torch.no_grad()
+    def decode(self, token_ids: Tensor, state: State) -> Tensor:
+        # decode measures the state only when someone listens
+        logits, stats = self.steps.decode(self, token_ids, state, self.listener is not None)
+        self._report(stats, state, "decode", 1)
+        return logits
+
+    def run_layers(self, input_ids: Tensor, state: State, with_stats: bool) -> tuple[Tensor, LayerStats]:
+        """Every layer over input_ids [B, T]: the last hidden states [B, T, H] and per-layer stats."""
+        T = input_ids.shape[1]
+        context = self.span_context(state, T)
+        x = self.embed(input_ids)
+        stats: LayerStats = []
+        for layer, layer_state in zip(self.layers, state.layers):
+            x, layer_stats = self.steps.layer(layer, x, layer_state, context, with_stats)
+            stats.append(layer_stats)
+        state.advance(T)
+        return x, stats
+
+    def _report(self, stats: LayerStats | None, state: State, phase: Phase, tokens: int) -> None:
+        report_span(stats, state, phase, tokens, self.listener)
