@@ -1,14 +1,12 @@
 """Give freed memory back to the operating system between spans.
 
 glibc's allocator keeps the memory of freed activations in its heaps; spans of slightly different
-lengths then fragment them, and resident memory creeps up chunk after chunk (measured on the 0.8B
-shape: +50 MiB per 1.5K-token chunk without a trim, +3 MiB with one). `malloc_trim` returns it.
+lengths then fragment them, and resident memory creeps up chunk after chunk. `malloc_trim`
+returns it.
 
-Two caches of CPU kernels keep one entry per distinct matmul or convolution shape, up to 1024
-entries each: oneDNN's primitive cache and ideep's computation cache. Every chunk of a new length
-added about 3 MiB to them for good (0.8B shape, bf16, prefills of 1.0K-1.6K tokens: +3.1 MiB per
-length, linear over 30 lengths). `bound_kernel_caches` holds them to a few dozen entries, enough
-for the shapes a decode step uses, after which resident memory stays flat.
+Two caches of CPU kernels (oneDNN's primitives, ideep's computations) keep one entry per distinct
+matmul shape, up to 1024 each, so every chunk of a new length adds to them for good.
+`bound_kernel_caches` holds them to a few dozen entries, after which resident memory stays flat.
 """
 
 from __future__ import annotations

@@ -29,9 +29,9 @@ from summarize.engine.tokenizer import load_hub_tokenizer
 from summarize.errors import SummarizeError
 
 MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
-# Prefill blocks: 1,024 tokens measured a little faster than 2,048 (a smaller working set)
+# Prefill blocks of 1,024 tokens: a little faster than 2,048 (a smaller working set)
 PREFILL_BLOCK_TOKENS = 1024
-L2NORM_EPS = 1e-6  # as the reference (and flash-linear-attention) normalise q and k
+L2NORM_EPS = 1e-6  # as the reference normalises q and k
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Each layer is a time-mix (token shift, LoRA projections for the decay, the in-context learning
 rate, the value residual and the output gate, then one call into the wkv7 op, a per-head group
 norm and the bonus term) followed by a channel-mix (token shift, squared-ReLU MLP). The reference
-is BlinkDL's `RWKV_x070` (the `rwkv` package); the Hugging Face layout is flash-linear-attention's.
+is BlinkDL's `RWKV_x070` (the `rwkv` package); checkpoints come in BlinkDL's layout or the Hugging Face one.
 
 Conventions fixed here, once, at load time:
 - Canonical tensor names are BlinkDL's (`blocks.N.att.w1`, ...). A Hugging Face checkpoint is read
@@ -73,7 +73,7 @@ class RWKV7Config:
             layers += 1
         heads, head_size = shape("blocks.0.att.r_k")
         eps = config.get("norm_eps", LAYER_NORM_EPS)
-        # BlinkDL fixes ln_x's eps; flash-linear-attention uses head_size x norm_eps (equal at 64)
+        # BlinkDL fixes ln_x's eps; the Hugging Face layout's models use head_size x norm_eps (equal at 64)
         group_eps = head_size * eps if config.get("model_type") in MODEL_TYPES else GROUP_NORM_EPS
         v1 = shape("blocks.1.att.v1")
         return cls(
@@ -133,7 +133,7 @@ _HF_TOP = {"emb.weight": "model.embeddings.weight", "ln_out.weight": "model.norm
 
 
 def hf_name(name: str) -> tuple[str, bool]:
-    """flash-linear-attention's name for BlinkDL's `name`, and whether the tensor is transposed there."""
+    """The Hugging Face layout's name for BlinkDL's `name`, and whether the tensor is transposed there."""
     if name in _HF_TOP:
         return _HF_TOP[name], False
     _, layer, part, rest = name.split(".", 3)
@@ -327,7 +327,7 @@ EMBED_FOLD_ROWS = 8192  # ln0 is folded into the embedding this many rows at a t
 
 
 def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype, quantize: str | None = None) -> RWKV7Model:
-    """Build the model from a checkpoint in BlinkDL's (`.pth`) or flash-linear-attention's layout.
+    """Build the model from a checkpoint in BlinkDL's (`.pth`) or the Hugging Face layout.
 
     `checkpoint` answers `name in checkpoint`, `names()`, `shape(name)` and `read(name)` and has a
     `folder` for messages; `config` is config.json ({} for a `.pth`). Every tensor's name and shape
@@ -378,7 +378,7 @@ def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype,
         tensor = tensor.reshape(expected)
         return tensor.to(device=device, dtype=target or dtype).contiguous() if convert else tensor
 
-    if shape("blocks.0.ln0.weight") is not None:  # flash-linear-attention may have no pre_norm
+    if shape("blocks.0.ln0.weight") is not None:  # the Hugging Face layout may have no pre_norm
         embed = _fold_ln0(
             take("emb.weight", convert=False),
             weight=take("blocks.0.ln0.weight", target=torch.float32),

@@ -19,9 +19,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, cache: KVCache) -> Tensor:
     """Append k, v [B, H_kv, T, D] to the cache and attend with q [B, H, T, D] → [B, H, T, D],
     laid out token-major in memory ([B, T, H, D] transposed).
 
-    The layout is for the compiled step that reads it next (`finish`): it sees its inputs'
-    sizes as symbolic, and a head-major tensor read token-major becomes a scalar loop there
-    (0.8B shape, bf16, 1,024 tokens: 11 ms for the gate; a copy here costs well under one).
+    The layout is for the compiled step that reads it next (`finish`): with symbolic sizes, a
+    head-major tensor read token-major becomes a scalar loop there; a copy here costs far less.
     """
     T = q.shape[2]
     past = cache.length
@@ -51,9 +50,8 @@ def token_major(x: Tensor) -> Tensor:
 def attend_one_token(q: Tensor, keys: Tensor, values: Tensor, pad: Tensor | None, last: Tensor | None = None) -> Tensor:
     """One query per row, q [B, H, 1, D], over the whole cache [B, H_kv, L, D], in fp32.
 
-    On a CPU torch's flash kernel spends about 1 ms on a single query over 520 keys and 7.5 ms
-    over 4,096 (2 KV heads of 256); two small products cost 0.18 and 0.67 ms (measured on a
-    2-core Zen 4), with fp32 scores as exact as the math kernel's. Rows left-padded by a stacked
+    Two small products: on a CPU they beat torch's flash kernel for a single query several
+    times over, with fp32 scores as exact as the math kernel's. Rows left-padded by a stacked
     batch never see their padding (keys before `pad[b]`); with `last` ([1]) keys after it are
     not seen either.
     """
@@ -85,8 +83,7 @@ def attend_past_then_new(q: Tensor, keys: Tensor, values: Tensor, past: int) -> 
     causally (keys, values [B, H_kv, past + T, D]) → [B, H, T, D].
 
     Two flash-attention calls merged by their log-sum-exps: with an explicit mask instead, torch's
-    CPU kernel cannot skip the masked blocks (2 KV heads of 256, 1,536 new tokens: 122 → 96 ms
-    after 150 cached ones, 439 → 372 ms after 4,096; measured on a 2-core Zen 4).
+    CPU kernel cannot skip the masked blocks.
     """
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # reads H_kv < H heads as GQA
     seen, seen_lse = flash(q, keys[:, :, :past], values[:, :, :past], 0.0, False)[:2]

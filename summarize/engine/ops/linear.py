@@ -1,11 +1,9 @@
 """x @ Wᵀ in every form the engine needs: eager, inside a compiled decode step, and int8.
 
-Eagerly, `linear` is `F.linear`. Inside `torch.compile` it is a multiply-and-sum over the input
-dimension, which inductor turns into one pass over the weight rows with the conversion to fp32
-fused in. With one or two input rows (decoding one or two sequences) that reads the weights much
-faster than torch's CPU GEMM, which is built for many rows (measured on a 2-core Zen 4, 0.8B
-shape, bf16: the 248K × 1024 head 32.8 → 12.9 ms; all layers and the head 80 → 51 ms). With
-more rows (prefill, larger batches) the compiled steps call torch's GEMM as eager code does.
+Eagerly, `linear` is `F.linear`. Inside `torch.compile`, for one or two input rows, it is a
+multiply-and-sum over the input dimension that inductor turns into one pass over the weight rows:
+torch's CPU GEMM is built for many rows and reads the weights slowly for one. With more rows the
+compiled steps call torch's GEMM as eager code does.
 
 `Projection` holds one weight matrix, either in the model's dtype or as int8 with one scale per
 output row (weight-only quantization: activations stay in the model's dtype).
@@ -19,8 +17,7 @@ from torch import Tensor, nn
 
 INT8_MAX = 127
 # Up to this many input rows a compiled step streams the weights itself; with more, the per-row
-# work makes the loop compute-bound and torch's GEMM wins (0.8B shape, bf16, ms per step: B=2
-# 74 streamed vs 97 GEMM; B=4 125 vs 106; B=8 246 vs 136).
+# work makes the loop compute-bound and torch's GEMM wins.
 STREAMED_MAX_ROWS = 2
 INT8_PACKED_MAX_ROWS = 16  # up to this many input rows, eager int8 uses torch's packed int8 GEMV
 QUANTIZE_BLOCK_ROWS = 8192  # rows quantized at a time: bounded fp32 temporaries
@@ -48,9 +45,8 @@ def rows_fp32(x: Tensor) -> Tensor:
     """x [..., K] as fp32 rows [rows, K], stored once before the projection's loop (compiled only).
 
     Left to itself inductor inlines whatever produced x (an RMSNorm, say) into the loop over the
-    weight rows and recomputes it for every row (measured: the head 11 → 19 ms). Forcing a
-    stride order makes it store the rows first; a custom op did the same at 35 µs of dispatch
-    per call, ~100 calls per token (0.8B shape, bf16 decode: 49.5 → 42.5 ms/token).
+    weight rows and recomputes it for every row; forcing a stride order makes it store the rows
+    first, without the dispatch cost a custom op would add.
     """
     rows = x.reshape(-1, x.shape[-1]).float()
     return torch.ops.prims.inductor_force_stride_order(rows, rows.stride())
