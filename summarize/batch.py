@@ -1,72 +1,31 @@
-"""Many inputs in one run: find the files, decide where each summary goes, keep going past failures.
-
-Without `-o` summaries go to stdout (one input: the summary alone; several: each under a
-`==> path <==` header, like `tail`). With `-o` each is written atomically to its own file, and a
-file is skipped when it is newer than its input and was written with the same settings: the
-settings' fingerprint sits on its first line as an HTML comment, which Markdown does not show.
+"""Many inputs in one run: find the files, decide where each summary goes (stdout, or files under
+`-o`), summarize them in order and keep going past failures. Where summaries land: `output`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TextIO
+from typing import TextIO
 
 from summarize.errors import SummarizeError
-from summarize.extract import SUPPORTED_SUFFIXES, extract_text
-from summarize.pipeline import Settings, Summarizer, Summary, make_summarizer
-from summarize.ui import RichUI
+from summarize.input_text import SUPPORTED_SUFFIXES, extract_text
+from summarize.output import is_up_to_date, print_summary, write_summary
+from summarize.summarizer_factory import make_summarizer
+from summarize.types import STDIN, Job, Reporter, Result, Settings, Summarizer, Summary
 
-STDIN = "-"
-STDIN_LABEL = "<stdin>"
 OUTPUT_SUFFIX = ".summary.md"
-HEADER = "<!-- summarize {fingerprint} -->"
-
-Status = Literal["ok", "skipped", "failed"]
-
-
-@dataclass(frozen=True)
-class Job:
-    """One input and where its summary goes (`output` None: stdout)."""
-
-    input: str  # a path as the user would write it, or "-" for stdin
-    output: Path | None = None
-    problem: str = ""  # known before reading anything: this job fails with this reason
-
-    @property
-    def is_stdin(self) -> bool:
-        return self.input == STDIN
-
-    @property
-    def label(self) -> str:
-        return STDIN_LABEL if self.is_stdin else self.input
 
 
 @dataclass(frozen=True)
 class Plan:
     jobs: list[Job]
     headers: bool  # print `==> path <==` before each summary on stdout
-
-
-@dataclass
-class Result:
-    input: str
-    status: Status
-    reason: str = ""  # one line; why it failed or was skipped
-    output: Path | None = None
-    summary: Summary | None = field(default=None, repr=False)
-    seconds: float | None = None  # reading and summarizing this input
-
-    @property
-    def words(self) -> int | None:
-        return None if self.summary is None else self.summary.words
 
 
 # --- planning ------------------------------------------------------------------------------
@@ -160,7 +119,8 @@ def _output_paths(rels: list[Path], folder: Path) -> list[Path]:
     long = [folder / rel.parent / (rel.name + OUTPUT_SUFFIX) for rel in rels]
     short_count, long_count = Counter(short), Counter(long)
     return [
-        s if short_count[s] == 1 or long_count[l] > 1 else l for s, l in zip(short, long)
+        short_path if short_count[short_path] == 1 or long_count[long_path] > 1 else long_path
+        for short_path, long_path in zip(short, long)
     ]
 
 
@@ -171,7 +131,7 @@ def run(
     plan: Plan,
     settings: Settings,
     *,
-    ui: RichUI,
+    ui: Reporter,
     force: bool = False,
     json_lines: bool = False,
     stdout: TextIO | None = None,
@@ -201,7 +161,7 @@ def run(
     def finish(index: int, job: Job, result: Result) -> None:
         nonlocal printed
         if result.summary is not None and (json_lines or job.output is None):
-            _emit(stdout, job, result, json_lines=json_lines, header=plan.headers, first=not printed)
+            print_summary(stdout, job, result, json_lines=json_lines, header=plan.headers, first=not printed)
             printed += 1
         ui.file_finished(result)
         results[index] = result
@@ -217,24 +177,28 @@ def run(
             finish(index, job, _written(job, outcome, settings, ui=ui, start=start))
         pending.clear()
 
-    for index, job in enumerate(plan.jobs):
-        ui.file_started(job.label, index + 1, len(plan.jobs))
-        start = time.perf_counter()
-        prepared = _read(job, settings, ui=ui, force=force, start=start)
-        if isinstance(prepared, Result):  # prints nothing on stdout: the order there is kept
-            finish(index, job, prepared)
-            continue
-        pending.append((index, job, prepared, start))
-        # documents are summarized together when the summarizer can batch them (map-reduce
-        # decodes several documents' chunks at once); stdout keeps the inputs' order
-        try:
-            per_batch = getattr(get_summarizer(), "documents_per_batch", 1)
-        except Exception:  # reported per input by summarize_pending
-            per_batch = 1
-        if len(pending) >= per_batch:
+    try:
+        for index, job in enumerate(plan.jobs):
+            ui.file_started(job.label, index + 1, len(plan.jobs))
+            start = time.perf_counter()
+            prepared = _read(job, settings, ui=ui, force=force, start=start)
+            if isinstance(prepared, Result):  # prints nothing on stdout: the order there is kept
+                finish(index, job, prepared)
+                continue
+            pending.append((index, job, prepared, start))
+            # documents are summarized together when the summarizer can batch them (map-reduce
+            # decodes several documents' chunks at once); stdout keeps the inputs' order
+            try:
+                per_batch = get_summarizer().documents_per_batch
+            except Exception:  # reported per input by summarize_pending
+                per_batch = 1
+            if len(pending) >= per_batch:
+                summarize_pending()
+        if pending:
             summarize_pending()
-    if pending:
-        summarize_pending()
+    finally:  # the summarizer holds the diagnostics file: flushed and closed however the run ends
+        if summarizer is not None and not isinstance(summarizer, Exception):
+            summarizer.close()
     ordered = [results[i] for i in range(len(plan.jobs))]
     if len(ordered) > 1:
         ui.results_table(ordered)
@@ -243,10 +207,9 @@ def run(
 
 def _summarize_all(summarizer: Summarizer, documents: list[tuple[str, str]]) -> list[Summary | Exception]:
     """Each (text, name)'s summary or the exception it raised."""
-    many = getattr(summarizer, "summarize_documents", None)
-    if many is not None and len(documents) > 1:
+    if len(documents) > 1:
         try:
-            return many(documents)
+            return summarizer.summarize_documents(documents)
         except Exception as exc:  # the batch as a whole failed: every document in it did
             return [exc] * len(documents)
     outcomes: list[Summary | Exception] = []
@@ -258,7 +221,7 @@ def _summarize_all(summarizer: Summarizer, documents: list[tuple[str, str]]) -> 
     return outcomes
 
 
-def _read(job: Job, settings: Settings, *, ui: RichUI, force: bool, start: float) -> str | Result:
+def _read(job: Job, settings: Settings, *, ui: Reporter, force: bool, start: float) -> str | Result:
     """The job's text, or its Result when it ends here (skipped, or failed to read)."""
     try:
         if job.problem:
@@ -273,19 +236,19 @@ def _read(job: Job, settings: Settings, *, ui: RichUI, force: bool, start: float
         return _failed(job, exc, ui=ui, start=start)
 
 
-def _written(job: Job, outcome: Summary | Exception, settings: Settings, *, ui: RichUI, start: float) -> Result:
+def _written(job: Job, outcome: Summary | Exception, settings: Settings, *, ui: Reporter, start: float) -> Result:
     """Write a summary to the job's output (if it has one); the job's Result."""
     try:
         if isinstance(outcome, Exception):
             raise outcome
         if job.output is not None:
-            write_atomic(job.output, _file_text(outcome, settings, job.output))
+            write_summary(job.output, outcome, settings)
         return Result(job.label, "ok", "", job.output, outcome, time.perf_counter() - start)
     except Exception as exc:
         return _failed(job, exc, ui=ui, start=start)
 
 
-def _failed(job: Job, exc: Exception, *, ui: RichUI, start: float) -> Result:
+def _failed(job: Job, exc: Exception, *, ui: Reporter, start: float) -> Result:
     reason = _reason(exc, job)
     ui.error(f"{job.label}: {reason}", exc=exc)
     return Result(job.label, "failed", reason, job.output, None, time.perf_counter() - start)
@@ -306,89 +269,3 @@ def _reason(exc: Exception, job: Job) -> str:
         msg = f"unexpected {type(exc).__name__}: {exc} (--verbose shows details)"
     lines = [line.strip() for line in msg.splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
-
-
-def _emit(
-    out: TextIO, job: Job, result: Result, *, json_lines: bool, header: bool, first: bool
-) -> None:
-    summary = result.summary
-    assert summary is not None
-    if json_lines:
-        record = {
-            "input": job.input,
-            "summary": summary.text,
-            "words": summary.words,
-            "method": summary.method,
-            "seconds": round(result.seconds or 0.0, 3),
-        }
-        if job.output is not None:
-            record["output"] = str(job.output)
-        for key, value in summary.extra.items():
-            record.setdefault(key, value)
-        out.write(json.dumps(record, ensure_ascii=False) + "\n")
-    else:
-        if header:
-            out.write(("" if first else "\n") + f"==> {job.label} <==\n")
-        out.write(summary.text.rstrip("\n") + "\n")
-    out.flush()
-
-
-# --- output files --------------------------------------------------------------------------
-
-
-def _file_text(summary: Summary, settings: Settings, output: Path) -> str:
-    body = summary.text.rstrip("\n") + "\n"
-    if not _carries_header(output):
-        return body
-    # The fingerprint of what was actually made: an extractive fallback for a model run does
-    # not count as up to date, so the model summary replaces it once a model is available.
-    return HEADER.format(fingerprint=settings.fingerprint(summary.method)) + "\n" + body
-
-
-def _carries_header(output: Path) -> bool:
-    """Only Markdown hides the fingerprint comment; a `.txt` output stays the bare summary."""
-    return output.suffix.lower() in (".md", ".markdown")
-
-
-def is_up_to_date(job: Job, fingerprint: str) -> bool:
-    """Whether `job.output` is newer than its input and was written with `fingerprint`."""
-    if job.is_stdin or job.output is None or not _carries_header(job.output):
-        return False
-    try:
-        if job.output.stat().st_mtime_ns < Path(job.input).stat().st_mtime_ns:
-            return False
-        with job.output.open(encoding="utf-8", errors="replace") as f:
-            first_line = f.readline().rstrip("\n")
-    except OSError:
-        return False
-    return first_line == HEADER.format(fingerprint=fingerprint)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` so that readers see the old file or the whole new one, nothing
-    else; the temporary file is removed on any exception, KeyboardInterrupt included."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, _file_mode(path))
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def _file_mode(path: Path) -> int:
-    """The mode a plain `open(path, "w")` would give (mkstemp's files are private, 0600)."""
-    try:
-        return path.stat().st_mode & 0o777
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask

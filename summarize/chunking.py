@@ -1,14 +1,4 @@
-"""Cut a document into overlapping windows of whole sentences, measured in model tokens.
-
-Each sentence is counted once; windows are then found with prefix sums, so chunking 500
-pages costs about as much as segmenting them. A chunk's ``size`` is the sum of its
-sentences' counts (with a tokenizer, joining may merge or split a token at the seams; the
-sum is what the limit is checked against).
-
-The one exception to "whole sentences": a sentence longer than ``chunk_size`` on its own is
-cut at word boundaries (at characters if a single word is too long) into pieces that fit.
-Such pieces keep the sentence's index, so consecutive chunks may share that index.
-"""
+"""Cut a document into overlapping windows of whole sentences, measured in model tokens."""
 
 from __future__ import annotations
 
@@ -18,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from summarize.text import CJK_CHARS, count_words, sentence_spans
+from summarize.types import MAP_REDUCE, STRATEGIES, STREAM
 
 RESET_MARKER = "<|reset_state|>"
-STRATEGIES = ("map-reduce", "stream")
 # When a chunk is at least this full, it ends at the last paragraph break it contains.
 PARAGRAPH_FILL = 0.75
 
@@ -65,7 +55,7 @@ def chunk_text(
     chunk_size: int,
     overlap: int,
     count: Callable[[str], int] | None = None,
-    strategy: str = "map-reduce",
+    strategy: str = MAP_REDUCE,
 ) -> list[Chunk]:
     """Split ``text`` into chunks of at most ``chunk_size`` units (as measured by ``count``).
 
@@ -73,6 +63,15 @@ def chunk_text(
     more would leave no room for new text). ``"map-reduce"``: every chunk resets the state.
     ``"stream"``: only the first does, and ``overlap`` is ignored (the document is read in
     one pass, so repeating text would feed it to the state twice).
+
+    Each sentence is counted once; windows are then found with prefix sums, so chunking 500
+    pages costs about as much as segmenting them. A chunk's ``size`` is the sum of its
+    sentences' counts (with a tokenizer, joining may merge or split a token at the seams; the
+    sum is what the limit is checked against).
+
+    The one exception to "whole sentences": a sentence longer than ``chunk_size`` on its own is
+    cut at word boundaries (at characters if a single word is too long) into pieces that fit.
+    Such pieces keep the sentence's index, so consecutive chunks may share that index.
     """
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
@@ -82,7 +81,7 @@ def chunk_text(
         raise ValueError(f"overlap ({overlap}) must be smaller than chunk_size ({chunk_size})")
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
-    if strategy == "stream":
+    if strategy == STREAM:
         overlap = 0
     units = _units(text, chunk_size, count or count_words)
     if not units:
@@ -104,7 +103,7 @@ def chunk_text(
             Chunk(
                 index=len(chunks),
                 text=text[first.start : last.end],
-                resets_state=strategy == "map-reduce" or not chunks,
+                resets_state=strategy == MAP_REDUCE or not chunks,
                 sentences=range(first.sentence, last.sentence + 1),
                 size=prefix[end] - prefix[start],
             )

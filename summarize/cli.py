@@ -20,15 +20,14 @@ from typer.exceptions import TyperException
 
 from summarize import batch
 from summarize.errors import SummarizeError
-from summarize.pipeline import DEFAULT_MODEL, DEFAULT_WORDS, Settings
+from summarize.types import DEFAULT_MODEL, DEFAULT_STRATEGY, DEFAULT_WORDS, STRATEGIES, Reporter, Settings
 from summarize.ui import QuietUI, RichUI
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
-class Strategy(str, Enum):
-    map_reduce = "map-reduce"
-    stream = "stream"
+# typer offers an Enum's values as the choices: built from STRATEGIES, so they are listed once
+Strategy = Enum("Strategy", {name.replace("-", "_"): name for name in STRATEGIES}, type=str)
 
 
 class DType(str, Enum):
@@ -100,7 +99,7 @@ def summarize(
     strategy: Annotated[Strategy, typer.Option(
         help="map-reduce: read each chunk on its own, then merge the notes; "
              "stream: one pass with the state carried across the whole document.")
-    ] = Strategy.map_reduce,
+    ] = Strategy(DEFAULT_STRATEGY),
     extractive: Annotated[bool, typer.Option(
         "--extractive", help="Pick the document's key sentences; no model needed.")] = False,
     json_lines: Annotated[bool, typer.Option(
@@ -169,7 +168,7 @@ def _pull(model: str, *, quiet: bool) -> int:
     return EXIT_OK
 
 
-def _run(inputs: list[str], output: str | None, settings: Settings, ui: RichUI, *,
+def _run(inputs: list[str], output: str | None, settings: Settings, ui: Reporter, *,
          force: bool, json_lines: bool) -> int:
     try:
         with _library_warnings(shown=settings.verbose):

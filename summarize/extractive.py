@@ -1,12 +1,4 @@
-"""Extractive summary: the most central sentences of the whole document, in document order.
-
-Sentences become TF-IDF vectors (words for alphabetic scripts, characters and character
-bigrams for CJK). Centrality is continuous LexRank: PageRank over the cosine-similarity graph
-W = X·Xᵀ − diag. W is never built; each power-iteration step multiplies by the sparse X twice,
-so the cost grows with the number of (sentence, term) pairs, not with sentences squared.
-A mild prior favours early sentences and paragraph openers; a redundancy filter (MMR-style)
-skips sentences too similar to ones already chosen.
-"""
+"""Extractive summary: the most central sentences of the whole document, in document order."""
 
 from __future__ import annotations
 
@@ -57,6 +49,13 @@ def extractive_summary(text: str, max_words: int) -> str:
     used (at least ``MIN_FILL`` of it when the sentences allow), and printed in document
     order. Returns "" when no sentence fits in ``max_words``: the caller decides what that
     means (the CLI reports an error). Deterministic.
+
+    Sentences become TF-IDF vectors (words for alphabetic scripts, characters and character
+    bigrams for CJK). Centrality is continuous LexRank: PageRank over the cosine-similarity graph
+    W = X·Xᵀ − diag. W is never built; each power-iteration step multiplies by the sparse X twice,
+    so the cost grows with the number of (sentence, term) pairs, not with sentences squared.
+    A mild prior favours early sentences and paragraph openers; a redundancy filter (MMR-style)
+    skips sentences too similar to ones already chosen.
     """
     spans = sentence_spans(text)
     if not spans or max_words <= 0:

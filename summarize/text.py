@@ -1,10 +1,5 @@
 """Words and sentences: the units the chunker and the extractive summary count in.
-
-Rule-based and self-contained (no model, no data download). Sentence boundaries are found
-paragraph by paragraph: a blank line always ends a sentence; inside a paragraph a boundary is
-a terminator (. ! ? …) plus any closing quotes/brackets, followed by whitespace, unless the
-rules below say it is an abbreviation, an initial, a list number or a mid-sentence ellipsis.
-CJK terminators (。！？) end a sentence even with no space after them.
+Rule-based and self-contained (no model, no data download).
 """
 
 from __future__ import annotations
@@ -89,6 +84,12 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
 
     Each span is stripped of surrounding whitespace and non-empty; every non-space character
     of ``text`` lies in exactly one span.
+
+    Boundaries are found paragraph by paragraph: a blank line always ends a sentence; inside a
+    paragraph a boundary is a terminator (. ! ? …) plus any closing quotes/brackets, followed by
+    whitespace, unless the rules of this module say it is an abbreviation, an initial, a list
+    number or a mid-sentence ellipsis. CJK terminators (。！？) end a sentence even with no space
+    after them.
     """
     spans: list[tuple[int, int]] = []
     start = 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -15,8 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-if TYPE_CHECKING:
-    from summarize.batch import Result
+from summarize.types import ModelProgress, Result
 
 # Off a terminal rich assumes 80 columns; logs read better with the table on unwrapped lines.
 PLAIN_TABLE_WIDTH = 240
@@ -24,7 +23,8 @@ STATUS_STYLE = {"ok": "green", "skipped": "dim", "failed": "bold red"}
 
 
 class RichUI:
-    """Notes and errors as single lines, a progress bar over files on a terminal, a results table.
+    """Notes and errors as single lines, a progress bar over files on a terminal, a results table:
+    the `Reporter` the library talks to.
 
     rich honours NO_COLOR and drops colours and live displays when stderr is not a terminal.
     """
@@ -32,7 +32,7 @@ class RichUI:
     def __init__(self, *, verbose: bool = False, console: Console | None = None):
         self.console = console or Console(stderr=True)
         self.verbose = verbose
-        self._progress: Progress | None = None
+        self._progress: ModelProgress | None = None
         self._task = None
         self._total = 0
         self._live = None
@@ -114,7 +114,7 @@ class RichUI:
     def shows_live_state(self) -> bool:
         return self.console.is_terminal
 
-    def phase(self, progress) -> None:
+    def phase(self, progress: ModelProgress) -> None:
         """The summarizer moved to another chunk or phase."""
         if not self.console.is_terminal:
             return
@@ -125,7 +125,7 @@ class RichUI:
             self._start_live()
         self._view.set_phase(progress)
 
-    def span(self, progress, report) -> None:
+    def span(self, progress: ModelProgress, report: Any) -> None:
         """The engine finished a span (a prefill or a decode step); keep its numbers for the view."""
         if self._view is not None:
             self._view.update(report)
@@ -155,8 +155,8 @@ class QuietUI(RichUI):
 
     shows_live_state = False
 
-    def phase(self, progress) -> None:
+    def phase(self, progress: ModelProgress) -> None:
         pass
 
-    def span(self, progress, report) -> None:
+    def span(self, progress: ModelProgress, report: Any) -> None:
         pass

@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from summarize import batch, cli
-from summarize.batch import HEADER, Job, plan, write_atomic
-from summarize.pipeline import Settings
+from summarize import batch, cli, output
+from summarize.batch import plan
+from summarize.extractive_summarizer import ExtractiveSummarizer
+from summarize.output import HEADER, write_atomic
 from summarize.text import count_words
+from summarize.types import Job, Settings
 
 GOOD = """Bees visit flowers to collect nectar and pollen. While they feed, pollen sticks to their
 bodies and travels to the next flower. Many crops depend on this service for a good harvest.
@@ -209,9 +211,9 @@ def test_touched_input_is_rewritten(tmp_path: Path):
     settings = Settings(words=40, extractive=True)
     job = Job(str(src), out)
     batch.run(batch.Plan([job], False), settings, ui=RecordingUI())
-    assert batch.is_up_to_date(job, settings.fingerprint())
+    assert output.is_up_to_date(job, settings.fingerprint())
     os.utime(src, ns=(out.stat().st_mtime_ns + 10**9,) * 2)
-    assert not batch.is_up_to_date(job, settings.fingerprint())
+    assert not output.is_up_to_date(job, settings.fingerprint())
 
 
 def test_fallback_summary_is_not_up_to_date_for_a_model_run(tmp_path: Path):
@@ -225,7 +227,7 @@ def test_fallback_summary_is_not_up_to_date_for_a_model_run(tmp_path: Path):
     assert len(ui.of("note")) == 1
     first_line = job.output.read_text().splitlines()[0]
     assert first_line == HEADER.format(fingerprint=settings.fingerprint("extractive"))
-    assert not batch.is_up_to_date(job, settings.fingerprint())
+    assert not output.is_up_to_date(job, settings.fingerprint())
 
 
 def test_json_lines_for_a_folder(docs: Path):
@@ -280,6 +282,29 @@ def test_a_model_that_fails_to_load_is_tried_once_and_fails_every_input(monkeypa
     assert all("truncated file" in r.reason for r in results)
 
 
+def test_the_summarizer_is_closed_when_the_run_ends_and_when_it_is_interrupted(monkeypatch, tmp_path: Path):
+    closed = []
+
+    class Closing(ExtractiveSummarizer):
+        def close(self):  # the model summarizer closes its diagnostics file here
+            closed.append(True)
+
+    monkeypatch.setattr(batch, "make_summarizer", lambda settings, ui: Closing(settings))
+    src = tmp_path / "bees.txt"
+    src.write_text(GOOD)
+    settings = Settings(words=40, extractive=True)
+    batch.run(plan([str(src)]), settings, ui=RecordingUI(), stdout=io.StringIO())
+    assert closed == [True]
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(output.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        batch.run(plan([str(src)], tmp_path / "out.md"), settings, ui=RecordingUI())
+    assert closed == [True, True]
+
+
 # --- atomic writes -------------------------------------------------------------------------
 
 
@@ -300,7 +325,7 @@ def test_write_atomic_interrupted_keeps_old_file(monkeypatch, tmp_path: Path, ex
     def fail(*args):
         raise exc
 
-    monkeypatch.setattr(batch.os, "replace", fail)
+    monkeypatch.setattr(output.os, "replace", fail)
     with pytest.raises(exc):
         write_atomic(target, "new\n")
     assert target.read_text() == "old\n"
@@ -318,7 +343,7 @@ def test_interrupt_mid_batch_keeps_finished_outputs_only(monkeypatch, docs: Path
             raise KeyboardInterrupt
         real_fsync(fd)
 
-    monkeypatch.setattr(batch.os, "fsync", fsync_then_interrupt)
+    monkeypatch.setattr(output.os, "fsync", fsync_then_interrupt)
     out = tmp_path / "out"
     result = invoke(str(docs), "-o", str(out), "--extractive")
     assert result.exit_code == 130

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from summarize import batch, cli
-from summarize.extract import extract_text
+from summarize import batch, cli, output
 from summarize.extractive import extractive_summary
+from summarize.input_text import extract_text
 from summarize.text import count_words
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -320,7 +320,7 @@ def test_keyboard_interrupt_while_writing_leaves_nothing(monkeypatch, tmp_path, 
     def interrupted(src, dst):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(batch.os, "replace", interrupted)
+    monkeypatch.setattr(output.os, "replace", interrupted)
     out = tmp_path / "out"
     result = run_cli(str(rivers_txt), "-o", str(out / "rivers.summary.md"), "--extractive")
     assert result.exit_code == 130

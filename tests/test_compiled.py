@@ -6,14 +6,12 @@ different order from torch's GEMM); diagnostics within 1e-4 relative.
 
 from __future__ import annotations
 
-import copy
 import os
 
 import pytest
 import torch
 
-from summarize.engine import State, load_model
-from summarize.engine import compiled
+from summarize.engine import State, compiled, load_model
 from tiny_models import dense_reference, moe_reference, save_checkpoint
 
 REL_TOL = 1e-4

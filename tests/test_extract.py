@@ -1,4 +1,4 @@
-"""extract: any input becomes clean text, or one clear ExtractionError line naming the input."""
+"""input_text: any input becomes clean text, or one clear ExtractionError line naming the input."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from summarize.errors import SummarizeError
-from summarize.extract import (
+from summarize.input_text import (
     SUPPORTED_SUFFIXES,
     ExtractionError,
     clean_text,

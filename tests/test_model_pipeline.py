@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from summarize.abstractive import ModelSummarizer, load_session
-from summarize.pipeline import ExtractiveSummarizer, Settings
+from summarize.extractive_summarizer import ExtractiveSummarizer
+from summarize.model_summarizer import ModelSummarizer
+from summarize.session import load_session
 from summarize.text import count_words
+from summarize.types import Settings
 from tiny_models import REAL_TOKENIZER, tiny_released_layout
 
 pytestmark = pytest.mark.skipif(not REAL_TOKENIZER.is_file(), reason="needs ../shared/reference/qwen3.5/tokenizer.json")
@@ -179,20 +181,20 @@ def test_int8_is_refused_for_an_rwkv_checkpoint(tmp_path):
 def test_documents_share_their_decode_batches(model_dir, monkeypatch):
     """Several documents go through map-reduce together: notes of chunks from different documents
     decode in one batch, and so do the documents' final summaries."""
-    import summarize.abstractive as abstractive
+    import summarize.model_summarizer as model_summarizer
 
     session = load_session(Settings(model=str(model_dir), device="cpu", dtype="float32"), lambda msg: None)
     summarizer = ModelSummarizer(session, words=25, chunk_tokens=300, overlap=32)
     text = sorted(SAMPLES.glob("*.txt"))[0].read_text()
     documents = [(text[:1500], "a"), (text[3000:4500], "b"), ("", "empty"), (text[6000:6400], "c")]
     batches = []
-    real = abstractive.generate_batch
+    real = model_summarizer.generate_batch
 
     def recording(model, prompts, state, **kwargs):
         batches.append(state.batch_size)
         return real(model, prompts, state, **kwargs)
 
-    monkeypatch.setattr(abstractive, "generate_batch", recording)
+    monkeypatch.setattr(model_summarizer, "generate_batch", recording)
     # what each document went through, whatever the random model wrote
     monkeypatch.setattr(ModelSummarizer, "_summary", lambda self, doc: doc)
     assert summarizer.documents_per_batch == summarizer.map_batch > 3

@@ -14,7 +14,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from summarize.engine import load_model, memory
-from summarize.engine import qwen3_5
 from summarize.engine.qwen3_5 import Qwen35Model
 from summarize.errors import SummarizeError
 from tiny_models import dense_reference, moe_reference, save_checkpoint, vlm_reference

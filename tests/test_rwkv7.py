@@ -39,7 +39,8 @@ from summarize.engine.ops.rwkv7_wkv import (
 from summarize.engine.rwkv7 import RWKV7Model, hf_name
 from summarize.errors import SummarizeError
 from summarize.text import count_words
-from tiny_models import RWKV_TINY as TINY, blinkdl_checkpoint
+from tiny_models import RWKV_TINY as TINY
+from tiny_models import blinkdl_checkpoint
 
 REL_TOL = 1e-5
 VOCAB = TINY["vocab"]

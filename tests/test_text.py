@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from summarize.text import count_words, sentence_spans, split_sentences, trim_to_words
 
-
 # --- count_words -----------------------------------------------------------------------------
 
 

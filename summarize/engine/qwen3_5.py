@@ -18,12 +18,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from summarize.engine.diagnostics import RecurrenceStats
+from summarize.engine.family import Family
 from summarize.engine.model import RecurrentModel
 from summarize.engine.ops.attention import apply_rotary, attend, attend_at_slot
 from summarize.engine.ops.causal_conv import causal_conv_silu
 from summarize.engine.ops.gated_delta_rule import gated_delta_rule
 from summarize.engine.ops.linear import Projection
-from summarize.engine.family import Family
 from summarize.engine.state import KVCache, LayerState, RecurrentLayerState, State
 from summarize.engine.tokenizer import load_hub_tokenizer
 from summarize.errors import SummarizeError
@@ -150,7 +150,7 @@ def checkpoint_shapes(cfg: Qwen35Config, *, fused_experts: bool = True) -> dict[
             raise ValueError(f"unknown layer type {kind!r} at layer {i}")
         m = p + "mlp."
         if cfg.num_experts:
-            E, I, S = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+            E, FF, S = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
             shapes |= {
                 m + "gate.weight": (E, H),
                 m + "shared_expert.gate_proj.weight": (S, H),
@@ -159,19 +159,19 @@ def checkpoint_shapes(cfg: Qwen35Config, *, fused_experts: bool = True) -> dict[
                 m + "shared_expert_gate.weight": (1, H),
             }
             if fused_experts:
-                shapes[m + "experts.gate_up_proj"] = (E, 2 * I, H)
-                shapes[m + "experts.down_proj"] = (E, H, I)
+                shapes[m + "experts.gate_up_proj"] = (E, 2 * FF, H)
+                shapes[m + "experts.down_proj"] = (E, H, FF)
             else:
                 for e in range(E):
-                    shapes[m + f"experts.{e}.gate_proj.weight"] = (I, H)
-                    shapes[m + f"experts.{e}.up_proj.weight"] = (I, H)
-                    shapes[m + f"experts.{e}.down_proj.weight"] = (H, I)
+                    shapes[m + f"experts.{e}.gate_proj.weight"] = (FF, H)
+                    shapes[m + f"experts.{e}.up_proj.weight"] = (FF, H)
+                    shapes[m + f"experts.{e}.down_proj.weight"] = (H, FF)
         else:
-            I = cfg.intermediate_size
+            FF = cfg.intermediate_size
             shapes |= {
-                m + "gate_proj.weight": (I, H),
-                m + "up_proj.weight": (I, H),
-                m + "down_proj.weight": (H, I),
+                m + "gate_proj.weight": (FF, H),
+                m + "up_proj.weight": (FF, H),
+                m + "down_proj.weight": (H, FF),
             }
     return shapes
 

@@ -1,32 +1,35 @@
 """Model-driven summaries: stream the chunks through the recurrent state, merge, respect the length.
-
-map-reduce (default): the instruction prefix is prefilled once per document and snapshotted; every
-chunk opens with a reset-state marker, which restores that snapshot, then its text is prefilled
-and the model writes notes; the notes are merged (hierarchically when they do not fit one window)
-into the final summary.
-stream: the marker appears only before the first chunk; the state carries across the whole
-document and the model writes the summary from the state after the last chunk. The attention
-layers keep the prefix and a sliding window of recent tokens, so memory stays flat.
+The two strategies, map-reduce and stream, are told in `ModelSummarizer`.
 """
 
 from __future__ import annotations
 
-import json
-import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, TextIO
 
 import torch
 
 from summarize.chunking import Chunk, chunk_text
+from summarize.diagnostics_log import DiagnosticsLog
 from summarize.engine.diagnostics import SpanReport
-from summarize.engine.generate import SamplingParams, generate_batch
+from summarize.engine.generate import generate_batch
 from summarize.engine.memory import release_free_memory
 from summarize.engine.state import State
-from summarize.engine.tokenizer import Tokenizer
 from summarize.errors import SummarizeError
+from summarize.map_batch import map_batch_size
+from summarize.prompts import (
+    MAP_INSTRUCTION,
+    MAP_QUESTION,
+    REDUCE_PROMPT,
+    SINGLE_INSTRUCTION,
+    STREAM_INSTRUCTION,
+    STREAM_QUESTION,
+    clean_output,
+)
+from summarize.session import ModelSession
 from summarize.text import count_words, trim_to_words
+from summarize.types import MAP_REDUCE, STREAM, ModelProgress, Summarizer, Summary
 
 # Chosen for a 0.8B model on a CPU: a chunk of ~1.5K tokens is read in seconds and small models
 # summarize a passage of that size faithfully; the overlap keeps a sentence cut at a border whole.
@@ -35,62 +38,7 @@ DEFAULT_OVERLAP = 128
 NOTES_WORDS = 80  # notes per chunk in map-reduce
 TOKENS_PER_WORD = 1.6  # generous: English averages ~1.3 tokens per word, other languages more
 STREAM_ATTENTION_WINDOW = 4096  # tokens the attention layers keep in stream mode (plus the prefix)
-# Qwen's recommendation for non-thinking use; the penalty keeps a small model from looping.
-# A fixed default seed makes a run repeatable; --seed changes it.
-DEFAULT_SAMPLING = SamplingParams(temperature=0.7, top_k=20, top_p=0.8, presence_penalty=1.5, seed=0)
 RESTATE_LIMIT = 2  # how often the final summary is asked for again when the first is unusable
-# Chunks whose notes are decoded together: decoding is memory-bound, so a batch costs about what
-# one row does. Rows are added while their states (recurrent + KV) stay within a small share of
-# the weights, so a long document does not raise peak memory much above a short one's.
-MAX_MAP_BATCH = 8
-MAP_BATCH_MEMORY_SHARE = 0.08
-
-MAP_INSTRUCTION = (
-    "You are reading one part of a longer document. Write notes on this part: its main points, "
-    "key facts, names and numbers, in at most {words} words of plain sentences.\n\nPart of the document:\n"
-)
-MAP_QUESTION = "\n\nWrite the notes on this part now."
-SINGLE_INSTRUCTION = (
-    "Summarize the following document in about {words} words. Write plain prose paragraphs, "
-    "no headings and no lists.\n\nDocument:\n"
-)
-REDUCE_PROMPT = (
-    "Below are notes on consecutive parts of one document. Using them, write a summary of the whole "
-    "document in about {words} words. Write plain prose paragraphs, no headings and no lists.\n\n"
-    "Notes:\n{notes}"
-)
-STREAM_INSTRUCTION = "Read the following document carefully; you will summarize it afterwards.\n\nDocument:\n"
-STREAM_QUESTION = (
-    "\n\nSummarize the document above in about {words} words. Write plain prose paragraphs, "
-    "no headings and no lists."
-)
-
-THINK_BLOCK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
-MARKUP = re.compile(r"<\|[^|>]*\|>|</?think>")
-LIST_OR_HEADING = re.compile(r"^\s*(?:#+\s*|[-*•]\s+|\d+[.)]\s+)", re.MULTILINE)
-
-
-@dataclass
-class ModelSession:
-    """A loaded model with what it needs to talk: tokenizer, stop ids, sampling."""
-
-    model: object
-    tokenizer: Tokenizer  # or another family's tokenizer with the same surface (RwkvTokenizer)
-    stop_ids: frozenset[int]
-    sampling: SamplingParams
-    name: str
-
-
-@dataclass
-class Progress:
-    """Where the summarizer is, for the diagnostics records and the live view."""
-
-    input: str = ""
-    chunk: int | None = None
-    chunks: int = 0
-    phase: str = "prefill"
-    rows: list[tuple[str, int | None]] | None = None  # (input, chunk) of each row while rows decode together
-    counters: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -100,23 +48,23 @@ class _Document:
     name: str
     text: str
     chunks: list[Chunk]
-    progress: Progress
+    progress: ModelProgress
     start: float
     notes: list[str] = field(default_factory=list)
     summary: str = ""
 
 
-def clean_output(text: str) -> str:
-    """Strip thinking blocks, chat markup, headings and list marks; keep the prose."""
-    text = THINK_BLOCK.sub("", text)
-    text = MARKUP.sub("", text)
-    text = LIST_OR_HEADING.sub("", text)
-    text = re.sub(r"\*\*|__", "", text)
-    return re.sub(r"[ \t]+", " ", text).strip()
-
-
 class ModelSummarizer:
-    """Summarizes with a recurrent-state model; see the module docstring for the strategies."""
+    """Summarizes with a recurrent-state model, by one of two strategies.
+
+    map-reduce (default): the instruction prefix is prefilled once per document and snapshotted; every
+    chunk opens with a reset-state marker, which restores that snapshot, then its text is prefilled
+    and the model writes notes; the notes are merged (hierarchically when they do not fit one window)
+    into the final summary.
+    stream: the marker appears only before the first chunk; the state carries across the whole
+    document and the model writes the summary from the state after the last chunk. The attention
+    layers keep the prefix and a sliding window of recent tokens, so memory stays flat.
+    """
 
     method = "model"
 
@@ -125,14 +73,14 @@ class ModelSummarizer:
         session: ModelSession,
         *,
         words: int,
-        strategy: str = "map-reduce",
+        strategy: str = MAP_REDUCE,
         chunk_tokens: int | None = None,
         overlap: int | None = None,
-        fallback=None,
+        fallback: Summarizer | None = None,
         notify: Callable[[str], None] = lambda msg: None,
-        on_span: Callable[[Progress, SpanReport], None] | None = None,
-        on_phase: Callable[[Progress], None] | None = None,
-        diagnostics: TextIO | None = None,
+        on_span: Callable[[ModelProgress, SpanReport], None] | None = None,
+        on_phase: Callable[[ModelProgress], None] | None = None,
+        diagnostics: DiagnosticsLog | None = None,
     ) -> None:
         self.s = session
         self.words = words
@@ -146,7 +94,7 @@ class ModelSummarizer:
         self.on_phase = on_phase
         self.diagnostics = diagnostics
         self.map_batch = map_batch_size(session.model, self.chunk_tokens)
-        self.progress = Progress()
+        self.progress = ModelProgress()
         # per-token span reports cost ~10% of a decode step: only when someone reads them
         session.model.listener = self._span if on_span is not None or diagnostics is not None else None
 
@@ -155,15 +103,15 @@ class ModelSummarizer:
     @property
     def documents_per_batch(self) -> int:
         """How many documents to hand to `summarize_documents` at once: their decodes share batches."""
-        return self.map_batch if self.strategy == "map-reduce" else 1
+        return self.map_batch if self.strategy == MAP_REDUCE else 1
 
-    def summarize(self, text: str, *, name: str):
+    def summarize(self, text: str, *, name: str) -> Summary:
         (result,) = self.summarize_documents([(text, name)])
         if isinstance(result, Exception):
             raise result
         return result
 
-    def summarize_documents(self, documents: list[tuple[str, str]]) -> list:
+    def summarize_documents(self, documents: list[tuple[str, str]]) -> list[Summary | Exception]:
         """Summaries of several (text, name) documents, in order; a document's failure is returned
         in its place as the exception.
 
@@ -178,7 +126,7 @@ class ModelSummarizer:
             except SummarizeError as exc:
                 docs.append(exc)
         live = [d for d in docs if isinstance(d, _Document)]
-        if self.strategy == "stream":
+        if self.strategy == STREAM:
             for doc in live:
                 self.progress = doc.progress
                 doc.summary = self._stream(doc.chunks)
@@ -195,17 +143,21 @@ class ModelSummarizer:
                 results.append(exc)
         return results
 
+    def close(self) -> None:
+        """Close the diagnostics file, flushed: the run has ended (or failed)."""
+        if self.diagnostics is not None:
+            self.diagnostics.close()
+            self.diagnostics = None
+
     def _open(self, text: str, name: str) -> _Document:
         chunks = chunk_text(text, chunk_size=self.chunk_tokens, overlap=self.overlap, count=self.s.tokenizer.count, strategy=self.strategy)
         if not chunks:
             raise SummarizeError(f"{name}: no text to summarize")
         counters = {"prefix_prefills": 0, "restores": 0, "tokens_in": 0, "tokens_out": 0}
-        progress = Progress(input=name, chunks=len(chunks), counters=counters)
+        progress = ModelProgress(input=name, chunks=len(chunks), counters=counters)
         return _Document(name, text, chunks, progress, time.perf_counter())
 
-    def _summary(self, doc: _Document):
-        from summarize.pipeline import Summary
-
+    def _summary(self, doc: _Document) -> Summary:
         if not doc.summary and self.fallback is not None:
             self.notify(f"{doc.name}: the model wrote no usable summary; writing an extractive one instead")
             return self.fallback.summarize(doc.text, name=doc.name)
@@ -409,50 +361,6 @@ class ModelSummarizer:
 
     def _span(self, report: SpanReport) -> None:
         if self.diagnostics is not None:
-            for layer in report.layers:
-                record = {
-                    "input": self.progress.rows[report.sequence][0] if self.progress.rows else self.progress.input,
-                    "chunk": self.progress.rows[report.sequence][1] if self.progress.rows else self.progress.chunk,
-                    "phase": report.phase,
-                    "layer": layer.layer,
-                    "kind": layer.kind,
-                    "state_norm": layer.state_norm,
-                    "gate_mean": layer.gate_mean,
-                    "delta_norm": layer.delta_norm,
-                    "kv_tokens": layer.kv_tokens,
-                    "tokens": report.tokens,
-                }
-                self.diagnostics.write(json.dumps(record) + "\n")
+            self.diagnostics(self.progress, report)
         if self.on_span is not None:
             self.on_span(self.progress, report)
-
-
-def map_batch_size(model, chunk_tokens: int) -> int:
-    """How many chunk states fit in MAP_BATCH_MEMORY_SHARE of the weight bytes (1 to MAX_MAP_BATCH)."""
-    weight_bytes = sum(buffer.nbytes for buffer in model.buffers())  # a tied table counts once
-    probe = model.new_state(1)
-    kv_per_token = sum(2 * l.keys.shape[1] * l.keys.shape[3] * l.keys.element_size() for l in probe.layers if hasattr(l, "keys"))
-    row_bytes = probe.recurrent_nbytes + kv_per_token * (chunk_tokens + 256)  # + prompt around the chunk
-    return max(1, min(MAX_MAP_BATCH, int(MAP_BATCH_MEMORY_SHARE * weight_bytes // row_bytes)))
-
-
-def load_session(settings, notify: Callable[[str], None]) -> ModelSession:
-    """Load the model named in `settings` with its tokenizer and stop ids (raises ModelNotAvailable)."""
-    from summarize.engine import load_model
-    from summarize.engine.loading import load_tokenizer
-
-    dtype = getattr(torch, settings.dtype) if settings.dtype else None
-    started = time.perf_counter()  # a first run on a CPU also compiles the steps: ~80 s
-    model = load_model(settings.model, device=settings.device, dtype=dtype, quantize=settings.quantize)
-    tokenizer, stop_ids = load_tokenizer(model)
-    sampling = SamplingParams(
-        temperature=DEFAULT_SAMPLING.temperature if settings.temperature is None else settings.temperature,
-        top_k=DEFAULT_SAMPLING.top_k if settings.top_k is None else settings.top_k,
-        top_p=DEFAULT_SAMPLING.top_p if settings.top_p is None else settings.top_p,
-        presence_penalty=DEFAULT_SAMPLING.presence_penalty,
-        seed=DEFAULT_SAMPLING.seed if settings.seed is None else settings.seed,
-    )
-    precision = str(model.dtype).removeprefix("torch.") + (f", {settings.quantize} weights" if settings.quantize else "")
-    steps = "compiled steps" if getattr(model, "compiled", None) is not None else "eager steps"
-    notify(f"model {settings.model} on {model.device} ({precision}), {steps}, ready in {time.perf_counter() - started:.0f} s")
-    return ModelSession(model, tokenizer, stop_ids, sampling, settings.model)

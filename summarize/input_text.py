@@ -1,10 +1,4 @@
-"""Turn an input (PDF, plain text, Markdown or stdin) into clean text for the chunker.
-
-Output contract of `extract_text` and `clean_text`: NFC Unicode; paragraphs separated by one
-blank line ("\\n\\n"); the lines of a paragraph joined by single spaces, with words hyphenated
-across line breaks rejoined; no ligature characters, soft hyphens or zero-width spaces; no
-running headers/footers or page numbers where pages are known (PDF pages, or form feeds in text).
-"""
+"""Turn an input (PDF, plain text, Markdown or stdin) into clean text for the chunker."""
 
 from __future__ import annotations
 
@@ -26,10 +20,9 @@ from pypdf import PageObject, PasswordType, PdfReader
 from pypdf.errors import DependencyError, EmptyFileError
 
 from summarize.errors import SummarizeError
+from summarize.types import STDIN, STDIN_LABEL
 
 SUPPORTED_SUFFIXES = (".pdf", ".txt", ".md")
-STDIN = "-"
-STDIN_LABEL = "<stdin>"
 
 
 class ExtractionError(SummarizeError):
@@ -49,6 +42,11 @@ def extract_text(
     The content decides, not the name: PDF bytes are read as a PDF whatever the suffix (so
     `cat a.pdf | summarize -` works). pypdf's warnings reach the terminal only when `verbose`.
     Raises ExtractionError (one line, naming the input) for anything that yields no text.
+
+    Output contract, shared with `clean_text`: NFC Unicode; paragraphs separated by one
+    blank line ("\\n\\n"); the lines of a paragraph joined by single spaces, with words hyphenated
+    across line breaks rejoined; no ligature characters, soft hyphens or zero-width spaces; no
+    running headers/footers or page numbers where pages are known (PDF pages, or form feeds in text).
     """
     stdin = str(source) == STDIN
     label = STDIN_LABEL if stdin else str(source)
@@ -416,7 +414,7 @@ _COMPOUND = re.compile(r"(?<![^\W\d_])([^\W\d_]+)-(?=([^\W\d_]+))")
 
 
 def clean_text(text: str) -> str:
-    """Clean any text (see the module docstring); idempotent. Form feeds are read as page breaks."""
+    """Clean any text (the contract of `extract_text`); idempotent. Form feeds are read as page breaks."""
     text = _normalise_chars(text)
     if "\f" in text:
         pages = text.split("\f")

@@ -1,0 +1,60 @@
+"""A loaded model with what it needs to talk: tokenizer, stop ids and sampling, made from `Settings`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from summarize.engine import load_model, load_tokenizer
+from summarize.engine.generate import SamplingParams
+from summarize.engine.tokenizer import Tokenizer
+from summarize.types import Settings
+
+# Qwen's recommendation for non-thinking use; the penalty keeps a small model from looping.
+# A fixed default seed makes a run repeatable; --seed changes it.
+DEFAULT_SAMPLING = SamplingParams(temperature=0.7, top_k=20, top_p=0.8, presence_penalty=1.5, seed=0)
+
+
+@dataclass
+class ModelSession:
+    """A loaded model with what it needs to talk: tokenizer, stop ids, sampling."""
+
+    model: object
+    tokenizer: Tokenizer  # or another family's tokenizer with the same surface (RwkvTokenizer)
+    stop_ids: frozenset[int]
+    sampling: SamplingParams
+    name: str
+
+
+def load_session(settings: Settings, notify: Callable[[str], None]) -> ModelSession:
+    """Load the model named in `settings` with its tokenizer and stop ids (raises ModelNotAvailable)."""
+    dtype = getattr(torch, settings.dtype) if settings.dtype else None
+    started = time.perf_counter()  # a first run on a CPU also compiles the steps: ~80 s
+    model = load_model(settings.model, device=settings.device, dtype=dtype, quantize=settings.quantize)
+    tokenizer, stop_ids = load_tokenizer(model)
+    notify(f"model {settings.model} on {model.device} ({_precision(model, settings)}), {_steps(model)}, "
+           f"ready in {time.perf_counter() - started:.0f} s")
+    return ModelSession(model, tokenizer, stop_ids, sampling_for(settings), settings.model)
+
+
+def sampling_for(settings: Settings) -> SamplingParams:
+    """DEFAULT_SAMPLING with the choices `settings` make (temperature, top-k, top-p, seed)."""
+    return SamplingParams(
+        temperature=DEFAULT_SAMPLING.temperature if settings.temperature is None else settings.temperature,
+        top_k=DEFAULT_SAMPLING.top_k if settings.top_k is None else settings.top_k,
+        top_p=DEFAULT_SAMPLING.top_p if settings.top_p is None else settings.top_p,
+        presence_penalty=DEFAULT_SAMPLING.presence_penalty,
+        seed=DEFAULT_SAMPLING.seed if settings.seed is None else settings.seed,
+    )
+
+
+def _precision(model, settings: Settings) -> str:
+    quantized = f", {settings.quantize} weights" if settings.quantize else ""
+    return str(model.dtype).removeprefix("torch.") + quantized
+
+
+def _steps(model) -> str:
+    return "compiled steps" if model.compiled is not None else "eager steps"

@@ -1,0 +1,51 @@
+"""Pick the summarizer for a run's settings: the model's, or the extractive one when no model is
+asked for or none can be had.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+
+from summarize.diagnostics_log import DiagnosticsLog
+from summarize.extractive_summarizer import ExtractiveSummarizer
+from summarize.types import Reporter, Settings, Summarizer
+
+
+def make_summarizer(settings: Settings, ui: Reporter) -> Summarizer:
+    """The summarizer for these settings. Call it once per run: it may load a model.
+
+    A model that cannot be had (offline and not cached, no such folder) is not an error: the user
+    is told in one line and gets the extractive summary. The caller closes what it returns.
+    """
+    extractive = ExtractiveSummarizer(settings)
+    if settings.extractive:
+        return extractive
+    # Imported on first need: the engine takes seconds to import (torch with it), and --help or
+    # an extractive run never needs it.
+    from summarize.engine import ModelNotAvailable
+    from summarize.model_summarizer import ModelSummarizer
+    from summarize.session import load_session
+
+    try:
+        session = load_session(settings, ui.note)
+    except ModelNotAvailable as exc:
+        ui.note(f"{exc}; writing an extractive summary instead")
+        return extractive
+    with ExitStack() as on_failure:
+        diagnostics = None
+        if settings.diagnostics_file:
+            diagnostics = on_failure.enter_context(DiagnosticsLog(settings.diagnostics_file))
+        summarizer = ModelSummarizer(
+            session,
+            words=settings.words,
+            strategy=settings.strategy,
+            chunk_tokens=settings.chunk_tokens,
+            overlap=settings.overlap,
+            fallback=extractive,
+            notify=ui.note,
+            on_span=ui.span if ui.shows_live_state else None,
+            on_phase=ui.phase,
+            diagnostics=diagnostics,
+        )
+        on_failure.pop_all()  # made: the summarizer owns the log now, and closes it
+    return summarizer
