@@ -70,8 +70,10 @@ def chunk_text(
     sum is what the limit is checked against).
 
     The one exception to "whole sentences": a sentence longer than ``chunk_size`` on its own is
-    cut at word boundaries (at characters if a single word is too long) into pieces that fit.
-    Such pieces keep the sentence's index, so consecutive chunks may share that index.
+    cut at word boundaries (at characters if a single word is too long) into pieces that fit,
+    each sized by the sum of the counts of the blocks of words it is packed from; the cost stays
+    linear in the sentence's length. Such pieces keep the sentence's index, so consecutive
+    chunks may share that index.
     """
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
@@ -113,16 +115,28 @@ def chunk_text(
         start = _next_start(units, prefix, start, end, overlap, chunk_size)
 
 
+# An over-long sentence is counted in blocks of whole words, at most chunk_size /
+# BLOCKS_PER_PIECE characters each (so at least that many blocks to a piece, even at one token a
+# character), and its pieces are packed from the blocks: the counter reads each character about
+# once. (Searching for the furthest cut that fits recounted the whole rest of the sentence ~40
+# times a piece: quadratic, 31 s for 400 KB without a sentence end.)
+BLOCKS_PER_PIECE = 16
+# A sentence longer than chunk_size times this many characters cannot fit whatever the counter
+# (no tokenizer has tokens that long on average): it is split without counting it whole first.
+MAX_CHARS_PER_TOKEN = 32
+
+
 def _units(text: str, chunk_size: int, count: Callable[[str], int]) -> list[_Unit]:
     spans = sentence_spans(text)
     units: list[_Unit] = []
     for i, (s, e) in enumerate(spans):
         # Spans are separated by whitespace only, so two newlines in the gap are a blank line.
         paragraph_end = i + 1 == len(spans) or text.count("\n", e, spans[i + 1][0]) >= 2
-        size = count(text[s:e])
-        if size <= chunk_size:
-            units.append(_Unit(s, e, i, size, paragraph_end))
-            continue
+        if e - s <= chunk_size * MAX_CHARS_PER_TOKEN:
+            size = count(text[s:e])
+            if size <= chunk_size:
+                units.append(_Unit(s, e, i, size, paragraph_end))
+                continue
         pieces = _split_long(text, s, e, chunk_size, count)
         for k, (ps, pe, psize) in enumerate(pieces):
             units.append(_Unit(ps, pe, i, psize, paragraph_end and k == len(pieces) - 1))
@@ -132,35 +146,67 @@ def _units(text: str, chunk_size: int, count: Callable[[str], int]) -> list[_Uni
 def _split_long(
     text: str, start: int, end: int, limit: int, count: Callable[[str], int]
 ) -> list[tuple[int, int, int]]:
-    """Cut ``text[start:end]`` into ``(start, end, size)`` pieces of at most ``limit``."""
-    cuts = [m.end() for m in _TOKEN.finditer(text, start, end)]
-    pieces = []
-    pos, first = start, 0  # cuts[first] is the first cut after pos
-    while pos < end:
-        cut, size = _longest_fit(text, pos, cuts, first, limit, count)
-        if cut is None:  # a single word longer than the limit: cut it by characters
-            chars = list(range(pos + 1, cuts[first] + 1))
-            cut, size = _longest_fit(text, pos, chars, 0, limit, count)
-            if cut is None:  # not even one character fits this counter; take it anyway
-                cut, size = pos + 1, count(text[pos : pos + 1])
-        pieces.append((pos, cut, size))
-        first = bisect.bisect_right(cuts, cut, first)
-        pos = cut + len(text[cut:end]) - len(text[cut:end].lstrip())
+    """Cut ``text[start:end]`` into ``(start, end, size)`` pieces of at most ``limit``.
+
+    A piece's size is the sum of its blocks' counts (as a chunk's is of its sentences'), each
+    block counted with the whitespace before it. Cuts fall between words; a word that does
+    not fit a piece on its own is cut between characters.
+    """
+    pieces: list[tuple[int, int, int]] = []
+    max_chars = max(1, limit // BLOCKS_PER_PIECE)
+    _add_parts(pieces, text, start, _blocks(text, start, end, max_chars), limit, count, max_chars)
     return pieces
 
 
-def _longest_fit(text, pos, cuts, first, limit, count):
-    """Binary search for the furthest cut in ``cuts[first:]`` whose piece fits ``limit``."""
-    lo, hi = first, len(cuts) - 1
-    best, best_size = None, 0
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        size = count(text[pos : cuts[mid]])
-        if size <= limit:
-            best, best_size, lo = cuts[mid], size, mid + 1
-        else:
-            hi = mid - 1
-    return best, best_size
+def _blocks(text: str, start: int, end: int, max_chars: int) -> list[tuple[int, int]]:
+    """Runs of whole words (or single CJK characters) of ``text[start:end]``, each spanning at
+    most ``max_chars`` characters unless it is one word; stripped, in order."""
+    blocks: list[tuple[int, int]] = []
+    block_start = block_end = -1
+    for word in _TOKEN.finditer(text, start, end):
+        ws, we = word.span()
+        if block_start < 0:
+            block_start = ws
+        elif we - block_start > max_chars:
+            blocks.append((block_start, block_end))
+            block_start = ws
+        block_end = we
+    if block_start >= 0:
+        blocks.append((block_start, block_end))
+    return blocks
+
+
+def _add_parts(
+    pieces: list[tuple[int, int, int]],
+    text: str,
+    lead: int,
+    parts: list[tuple[int, int]],
+    limit: int,
+    count: Callable[[str], int],
+    max_chars: int,
+) -> None:
+    """Add each part ``(start, end)`` to the pieces, counted from where the one before it
+    ended (``lead`` for the first): extend the last piece, or start a new one where it would
+    not fit.
+
+    A part too big for any piece goes in as its own parts: its words; a single word as slices
+    of ``max_chars`` characters, then single characters. A lone character over the limit
+    still makes a piece: no cut can make it smaller.
+    """
+    for start, end in parts:
+        size = count(text[lead:end])
+        if size > limit and end - start > 1:
+            inner = _blocks(text, start, end, 1)
+            if len(inner) == 1:
+                step = max_chars if end - start > max_chars else 1
+                inner = [(c, min(c + step, end)) for c in range(start, end, step)]
+            _add_parts(pieces, text, lead, inner, limit, count, max_chars)
+        elif pieces and pieces[-1][2] + size <= limit:
+            piece_start, _, piece_size = pieces[-1]
+            pieces[-1] = (piece_start, end, piece_size + size)
+        else:  # a piece does not start with the whitespace before it
+            pieces.append((start, end, size if lead == start else count(text[start:end])))
+        lead = end
 
 
 def _paragraph_end(

@@ -1,11 +1,13 @@
 """The `summarize` command: parse the options, make one call into the library, map the outcome
-to an exit code. Exit codes: 0 all inputs ok, 1 some inputs failed, 2 usage error, 130 interrupted.
+to an exit code. Exit codes: 0 all inputs ok, 1 some inputs failed, 2 usage error (found before
+anything is read or written), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import warnings
 from collections.abc import Iterator
@@ -20,10 +22,25 @@ from typer.exceptions import TyperException
 
 from summarize import batch
 from summarize.errors import SummarizeError
-from summarize.types import DEFAULT_MODEL, DEFAULT_STRATEGY, DEFAULT_WORDS, STRATEGIES, Reporter, Settings
+from summarize.types import (
+    DEFAULT_CHUNK_TOKENS,
+    DEFAULT_MODEL,
+    DEFAULT_OVERLAP,
+    DEFAULT_STRATEGY,
+    DEFAULT_WORDS,
+    MAX_CHUNK_TOKENS,
+    MAX_OVERLAP_SHARE,
+    MIN_CHUNK_TOKENS,
+    STRATEGIES,
+    Reporter,
+    Settings,
+    printable,
+)
 from summarize.ui import QuietUI, RichUI
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_TERMINATED = 128 + signal.SIGTERM  # 143, what a shell reports for a process SIGTERM ended
+DEVICE_KINDS = "cpu, cuda, cuda:N, mps"
 
 
 # typer offers an Enum's values as the choices: built from STRATEGIES, so they are listed once
@@ -48,13 +65,18 @@ class _OneLineErrors(TyperCommand):
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except TyperException as exc:  # typer's (vendored click's) usage errors derive from it
-            typer.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+            typer.echo(f"error: {printable(' '.join(exc.format_message().split()))}", err=True)
             code = exc.exit_code
         except typer.Abort:
             code = EXIT_FAILED
         if not standalone_mode:
             return code
         sys.exit(code or EXIT_OK)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that the same cleanup runs on the way
+    out (a half-written output's temporary file is removed)."""
 
 
 def _probability(p: float | None) -> float | None:
@@ -84,7 +106,7 @@ def summarize(
              "instead of stdout.")] = None,
     device: Annotated[str | None, typer.Option(
         envvar="SUMMARIZE_DEVICE", show_default=False,
-        help="cpu, cuda, cuda:1, ... (default: the best available)")] = None,
+        help="cpu, cuda, cuda:1, ..., mps; one this machine has (default: the best available)")] = None,
     dtype: Annotated[DType | None, typer.Option(
         envvar="SUMMARIZE_DTYPE", show_default=False,
         help="Weight precision (default: the best for the device).")] = None,
@@ -92,10 +114,13 @@ def summarize(
         envvar="SUMMARIZE_QUANTIZE", show_default=False,
         help="Store the weights as int8 (half the memory; faster decoding on the CPU).")] = None,
     chunk_tokens: Annotated[int | None, typer.Option(
-        "--chunk-tokens", min=1, show_default=False,
-        help="Tokens per chunk of the document (default: the model's choice).")] = None,
+        "--chunk-tokens", min=MIN_CHUNK_TOKENS, max=MAX_CHUNK_TOKENS, show_default=False,
+        help=f"Tokens per chunk of the document, {MIN_CHUNK_TOKENS} to {MAX_CHUNK_TOKENS} "
+             f"(default {DEFAULT_CHUNK_TOKENS}).")] = None,
     overlap: Annotated[int | None, typer.Option(
-        min=0, show_default=False, help="Tokens shared by consecutive chunks.")] = None,
+        min=0, show_default=False,
+        help=f"Tokens shared by consecutive chunks, at most a quarter of --chunk-tokens "
+             f"(default {DEFAULT_OVERLAP}).")] = None,
     strategy: Annotated[Strategy, typer.Option(
         help="map-reduce: read each chunk on its own, then merge the notes; "
              "stream: one pass with the state carried across the whole document.")
@@ -138,9 +163,13 @@ def summarize(
         raise typer.Exit(_pull(model, quiet=quiet))
     if not inputs:
         raise typer.BadParameter("give at least one INPUT (a file, a folder or -)", param_hint="'INPUT'")
-    if chunk_tokens is not None and overlap is not None and overlap >= chunk_tokens:
-        raise typer.BadParameter(
-            f"must be smaller than --chunk-tokens ({chunk_tokens})", param_hint="'--overlap'")
+    _check_overlap(overlap, chunk_tokens)
+    if device is not None and not extractive:  # an extractive run never needs torch: --device is moot
+        _check_device(device)
+    if sys.stdout is None and (output is None or json_lines):  # started with stdout closed (`>&-`)
+        typer.echo("error: standard output is closed: nowhere to print the summaries "
+                   "(-o writes them to files)", err=True)
+        raise typer.Exit(EXIT_USAGE)
     settings = Settings(
         words=words, model=model, device=device, dtype=dtype.value if dtype else None,
         quantize=quantize.value if quantize else None, chunk_tokens=chunk_tokens, overlap=overlap, strategy=strategy.value,
@@ -151,6 +180,39 @@ def summarize(
     ui = QuietUI(verbose=verbose) if quiet else RichUI(verbose=verbose)
     code = _run(inputs, output, settings, ui, force=force, json_lines=json_lines)
     raise typer.Exit(code)
+
+
+def _check_overlap(overlap: int | None, chunk_tokens: int | None) -> None:
+    """--overlap: at most a quarter of the chunk (the summarizer would cut a larger one silently)."""
+    chunk = chunk_tokens or DEFAULT_CHUNK_TOKENS
+    if overlap is not None and overlap > chunk // MAX_OVERLAP_SHARE:
+        raise typer.BadParameter(
+            f"{overlap} is more than a quarter of the {chunk}-token chunks; at most {chunk // MAX_OVERLAP_SHARE}",
+            param_hint="'--overlap'")
+
+
+def _check_device(text: str) -> None:
+    """--device: a device this torch has, found now rather than once per input after loading."""
+    import torch  # only here: --help and extractive runs stay fast
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError) as exc:
+        raise typer.BadParameter(f"{text!r} is not a device ({DEVICE_KINDS})", param_hint="'--device'") from exc
+    if device.type == "cpu":
+        return
+    if device.type == "cuda":
+        available, count = torch.cuda.is_available(), torch.cuda.device_count()
+    elif device.type == "mps":
+        available, count = torch.backends.mps.is_available(), 1
+    else:
+        raise typer.BadParameter(f"{text!r}: only {DEVICE_KINDS} are supported", param_hint="'--device'")
+    if not available:
+        raise typer.BadParameter(f"{text!r}: this torch sees no {device.type} device", param_hint="'--device'")
+    if device.index is not None and device.index >= count:
+        raise typer.BadParameter(
+            f"{text!r}: there is no such device ({count} {device.type} device(s), numbered from 0)",
+            param_hint="'--device'")
 
 
 def _pull(model: str, *, quiet: bool) -> int:
@@ -171,17 +233,22 @@ def _pull(model: str, *, quiet: bool) -> int:
 def _run(inputs: list[str], output: str | None, settings: Settings, ui: Reporter, *,
          force: bool, json_lines: bool) -> int:
     try:
-        with _library_warnings(shown=settings.verbose):
+        with _library_warnings(shown=settings.verbose), _sigterm_interrupts():
             try:
-                plan = batch.plan(inputs, output)
+                plan = batch.plan(inputs, output, diagnostics_file=settings.diagnostics_file)
             except SummarizeError as exc:
                 ui.error(str(exc))
                 return EXIT_USAGE
             results = batch.run(plan, settings, ui=ui, force=force, json_lines=json_lines)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         ui.close()
-        ui.error("interrupted")
-        return EXIT_INTERRUPTED
+        terminated = isinstance(exc, Terminated)
+        ui.error("terminated" if terminated else "interrupted")
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+    except batch.StdoutError as exc:
+        ui.close()
+        ui.error(str(exc))
+        return EXIT_FAILED
     except BrokenPipeError:
         _silence_stdout()  # the reader went away (`| head`): nothing more to say
         return EXIT_FAILED
@@ -194,6 +261,24 @@ def _run(inputs: list[str], output: str | None, settings: Settings, ui: Reporter
     finally:
         ui.close()
     return EXIT_FAILED if any(r.status == "failed" for r in results) else EXIT_OK
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """While the run lasts, SIGTERM raises Terminated, so it cleans up as Ctrl-C does."""
+
+    def raise_terminated(signum: int, frame: object) -> None:
+        raise Terminated
+
+    try:
+        previous = signal.signal(signal.SIGTERM, raise_terminated)
+    except ValueError:  # not the main thread (a host application's worker): its signals are its own
+        yield
+        return
+    try:
+        yield
+    finally:  # None: the previous handler was not set from Python; the default is what it did
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 @contextmanager

@@ -12,7 +12,7 @@ import sys
 import unicodedata
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -23,6 +23,7 @@ from summarize.errors import SummarizeError
 from summarize.types import STDIN, STDIN_LABEL
 
 SUPPORTED_SUFFIXES = (".pdf", ".txt", ".md")
+MARKDOWN_SUFFIXES = (".md", ".markdown")
 
 
 class ExtractionError(SummarizeError):
@@ -35,13 +36,21 @@ class ExtractionError(SummarizeError):
 
 
 def extract_text(
-    source: str | Path, *, password: str | None = None, verbose: bool = False
+    source: str | Path,
+    *,
+    password: str | None = None,
+    verbose: bool = False,
+    notify: Callable[[str], None] | None = None,
 ) -> str:
-    """Clean text of a .pdf/.txt/.md file, of any UTF-8 text file, or of stdin when `source` is "-".
+    """Clean text of a .pdf/.txt/.md file, of any text file, or of stdin when `source` is "-".
 
     The content decides, not the name: PDF bytes are read as a PDF whatever the suffix (so
     `cat a.pdf | summarize -` works). pypdf's warnings reach the terminal only when `verbose`.
-    Raises ExtractionError (one line, naming the input) for anything that yields no text.
+    Text is UTF-8 unless a BOM says UTF-16/UTF-32; bytes that are not UTF-8 are read as
+    Windows-1252, and a one-line note naming the input says so: it goes to `notify` (the CLI's
+    `Reporter.note`), or is a warning when there is none. Markdown (.md) loses its code blocks,
+    fenced or indented: they are not prose. Raises ExtractionError (one line, naming the input)
+    for anything that yields no text, and for Markdown that is only code.
 
     Output contract, shared with `clean_text`: NFC Unicode; paragraphs separated by one
     blank line ("\\n\\n"); the lines of a paragraph joined by single spaces, with words hyphenated
@@ -50,12 +59,23 @@ def extract_text(
     """
     stdin = str(source) == STDIN
     label = STDIN_LABEL if stdin else str(source)
-    with _quiet_pypdf(verbose):
-        data = _read_stdin() if stdin else _read_file(Path(source), label)
-        if _looks_like_pdf(data) or (not stdin and Path(source).suffix.lower() == ".pdf"):
-            text = _pdf_text(_iter_pages(io.BytesIO(data), label, password), label)
-        else:
-            text = clean_text(_decode(data, label))
+    notes: list[str] = []
+    try:
+        with _quiet_pypdf(verbose):
+            data = _read_stdin() if stdin else _read_file(Path(source), label)
+            if _looks_like_pdf(data) or (not stdin and Path(source).suffix.lower() == ".pdf"):
+                text = _pdf_text(_iter_pages(io.BytesIO(data), label, password), label)
+            else:
+                decoded = _decode(data, label, notes)
+                if not stdin and Path(source).suffix.lower() in MARKDOWN_SUFFIXES:
+                    decoded = _markdown_prose(decoded, label)
+                text = clean_text(decoded)
+    finally:
+        for note in notes:  # said even when the input then fails: it may be why
+            if notify is None:
+                warnings.warn(note, stacklevel=2)
+            else:
+                notify(note)
     if not text:
         raise ExtractionError(f"{label}: no text found")
     return text
@@ -82,9 +102,8 @@ def _quiet_pypdf(verbose: bool) -> Iterator[None]:
 # Reading bytes: files, stdin, text decoding
 # ---------------------------------------------------------------------------------------------
 
-# A text file may contain some bad bytes (replaced by U+FFFD; a Latin-1 file has one per
-# accented letter); past this share of replacement/control characters in its first SNIFF_CHARS
-# it is binary data. Random bytes score about 0.5.
+# Past this share of bad characters in its first SNIFF_CHARS (see _refuse_binary), a file is
+# binary data. Random bytes score about 0.3 (0.5 with NULs, which are refused on sight).
 BINARY_BAD_RATIO = 0.2
 SNIFF_CHARS = 65536
 PDF_MAGIC = b"%PDF-"
@@ -122,19 +141,118 @@ def _looks_like_pdf(data: bytes) -> bool:
     return PDF_MAGIC in data[:PDF_MAGIC_WINDOW]
 
 
-def _decode(data: bytes, label: str) -> str:
-    """UTF-8 (BOM stripped; UTF-16 when its BOM says so), bad bytes replaced; binary refused."""
-    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        text = data.decode("utf-16", errors="replace")
-    elif b"\x00" in data:  # never in UTF-8 text, always in executables, images, archives
+# A BOM names the encoding; UTF-32 first, since its little-endian BOM starts like UTF-16's.
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
+# surrogateescape turns each byte that is not UTF-8 into U+DC80..U+DCFF: these tables read it
+# as Windows-1252, or as Latin-1 where Windows-1252 leaves the byte undefined (0x81, 0x8D, ...).
+_ESCAPED = re.compile("[\udc80-\udcff]")
+_ESCAPED_AS_CP1252 = {0xDC00 + b: bytes([b]).decode("cp1252", errors="ignore") or chr(b) for b in range(0x80, 0x100)}
+_ESCAPED_AS_LATIN1 = {0xDC00 + b: chr(b) for b in range(0x80, 0x100)}
+# Accented letters are what single-byte text is made of; random bytes are mostly not letters.
+_UNREADABLE = re.compile("[%s]" % "".join(chr(c) for c, r in _ESCAPED_AS_CP1252.items() if not r.isalpha()))
+
+
+def _decode(data: bytes, label: str, notes: list[str]) -> str:
+    """Bytes to text: the BOM's encoding, else UTF-8, with bytes that are not UTF-8 read as
+    Windows-1252 (and a note appended to `notes`); never a silent U+FFFD. Binary refused.
+
+    A file with fewer valid UTF-8 sequences than invalid bytes is a single-byte file and is
+    read whole as Windows-1252; otherwise it is UTF-8 with a few stray bytes.
+    """
+    for bom, codec in _BOMS:
+        if data.startswith(bom):
+            text = data[len(bom) :].decode(codec, errors="replace")
+            _refuse_binary(text, label)
+            bad = text.count("\ufffd")
+            if bad:
+                notes.append(f"{label}: {bad} invalid {codec.upper()} sequences replaced by U+FFFD")
+            return text
+    if b"\x00" in data:  # never in UTF-8 text, always in executables, images, archives
         raise ExtractionError(f"{label}: binary data, not a PDF or a text file")
+    data = data.removeprefix(codecs.BOM_UTF8)
+    text = data.decode("utf-8", errors="surrogateescape")
+    _refuse_binary(text, label)
+    bad = _escaped(text)
+    if not bad:
+        return text
+    valid = len(text) - len(text.encode("ascii", errors="ignore")) - bad  # non-ASCII UTF-8 sequences
+    if valid < bad:
+        text = data.decode("cp1252", errors="surrogateescape").translate(_ESCAPED_AS_LATIN1)
+        notes.append(f"{label}: not UTF-8; read as Windows-1252")
     else:
-        text = data.decode("utf-8-sig", errors="replace")
+        text = text.translate(_ESCAPED_AS_CP1252)
+        notes.append(f"{label}: {bad} byte(s) not UTF-8; read as Windows-1252")
+    return text
+
+
+def _escaped(text: str) -> int:
+    return len(text) - len(_ESCAPED.sub("", text))
+
+
+def _refuse_binary(text: str, label: str) -> None:
+    """Past BINARY_BAD_RATIO of replacement characters, bytes that Windows-1252 reads as no
+    letter, and control characters in its first SNIFF_CHARS, a "text" is binary data."""
     sample = text[:SNIFF_CHARS]
-    bad = sample.count("\ufffd") + sum(1 for _ in _CONTROL_CHARS.finditer(sample))
+    bad = sample.count("\ufffd") + len(_UNREADABLE.findall(sample)) + len(_CONTROL_CHARS.findall(sample))
     if bad > BINARY_BAD_RATIO * len(sample):
         raise ExtractionError(f"{label}: binary data, not a PDF or a text file")
-    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Markdown: code is not prose
+# ---------------------------------------------------------------------------------------------
+
+_FENCE = re.compile(r"[ \t]*(`{3,}|~{3,})(.*)")
+_LIST_ITEM = re.compile(r"[ \t]*(?:[-*+]|\d{1,9}[.)])(?:[ \t]|$)")
+_ATX_HEADING = re.compile(r"[ \t]{0,3}#{1,6}(?:[ \t]|$)")
+CODE_INDENT = 4  # columns of indentation that make a line (after a blank line) code
+
+
+def _markdown_prose(text: str, label: str) -> str:
+    """`text` with its code blocks (``` or ~~~ fences, lines indented by CODE_INDENT columns
+    after a blank line, outside lists) replaced by blank lines. Raises ExtractionError when it
+    had code and nothing is left but headings."""
+    out: list[str] = []
+    fence = ""  # the opening fence while inside a fenced block
+    had_code = in_indented = in_list = False
+    paragraph_open = False  # a prose line just before: indented lines continue it
+    for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+        stripped = line.strip()
+        if fence:
+            if stripped.startswith(fence) and not stripped.strip(fence[0]):
+                fence = ""
+            out.append("")
+            continue
+        indent = len(line.expandtabs(CODE_INDENT)) - len(line.expandtabs(CODE_INDENT).lstrip())
+        if not stripped:
+            paragraph_open = False
+            out.append("")
+            continue
+        if indent >= CODE_INDENT and (in_indented or not paragraph_open) and not in_list:
+            had_code = in_indented = True
+            out.append("")
+            continue
+        in_indented = False
+        opening = _FENCE.match(line)
+        # A backtick fence's info string has no backticks: "```a``` b" is inline code.
+        if opening and (indent < CODE_INDENT or in_list) and not (opening[1][0] == "`" and "`" in opening[2]):
+            fence, had_code, paragraph_open = opening[1], True, False
+            out.append("")
+            continue
+        if _LIST_ITEM.match(line):
+            in_list = True
+        elif indent == 0 and not paragraph_open:
+            in_list = False
+        paragraph_open = not _ATX_HEADING.match(line)
+        out.append(line)
+    if had_code and all(not line.strip() or _ATX_HEADING.match(line) for line in out):
+        raise ExtractionError(f"{label}: no prose to summarize (only code)")
+    return "\n".join(out)
 
 
 # ---------------------------------------------------------------------------------------------

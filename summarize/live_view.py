@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from summarize.engine.diagnostics import SpanReport
+from summarize.types import printable
 
 
 class StateView:
@@ -49,7 +50,7 @@ class StateView:
         report = self.report
         state_mb = report.state_bytes / 2**20 if report else 0.0
         header = Text(
-            f"{self.input}  chunk {chunk}  {self.phase}  {self._rate:,.0f} tok/s  "
+            f"{printable(self.input)}  chunk {chunk}  {self.phase}  {self._rate:,.0f} tok/s  "
             f"state {state_mb:,.1f} MiB  {time.perf_counter() - self.started:,.0f} s",
             style="bold",
         )

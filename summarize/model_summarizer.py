@@ -29,16 +29,23 @@ from summarize.prompts import (
 )
 from summarize.session import ModelSession
 from summarize.text import count_words, trim_to_words
-from summarize.types import MAP_REDUCE, STREAM, ModelProgress, Summarizer, Summary
+from summarize.types import (
+    DEFAULT_CHUNK_TOKENS,
+    DEFAULT_OVERLAP,
+    MAP_REDUCE,
+    STREAM,
+    ModelProgress,
+    Summarizer,
+    Summary,
+)
 
-# Chosen for a 0.8B model on a CPU: a chunk of ~1.5K tokens is read in seconds and small models
-# summarize a passage of that size faithfully; the overlap keeps a sentence cut at a border whole.
-DEFAULT_CHUNK_TOKENS = 1536
-DEFAULT_OVERLAP = 128
 NOTES_WORDS = 80  # notes per chunk in map-reduce
 TOKENS_PER_WORD = 1.6  # generous: English averages ~1.3 tokens per word, other languages more
 STREAM_ATTENTION_WINDOW = 4096  # tokens the attention layers keep in stream mode (plus the prefix)
 RESTATE_LIMIT = 2  # how often the final summary is asked for again when the first is unusable
+# A summary is at most as long as what it is written from (the document, or its notes), but never
+# asked shorter than this: a document of a few words still gets a sentence.
+MIN_SUMMARY_WORDS = 20
 
 
 @dataclass
@@ -52,6 +59,7 @@ class _Document:
     start: float
     notes: list[str] = field(default_factory=list)
     summary: str = ""
+    words: int = 0  # the summary's word budget: -n, capped by what it is written from
 
 
 class ModelSummarizer:
@@ -129,7 +137,8 @@ class ModelSummarizer:
         if self.strategy == STREAM:
             for doc in live:
                 self.progress = doc.progress
-                doc.summary = self._stream(doc.chunks)
+                self._cap_words(doc, doc.text, "the document has")
+                doc.summary = self._stream(doc)
         else:
             self._write_notes([d for d in live if len(d.chunks) > 1])
             self._write_summaries(live)
@@ -227,9 +236,12 @@ class ModelSummarizer:
         for doc in docs:
             self.progress = doc.progress
             if len(doc.chunks) == 1:  # a document that fits one window is summarized directly
-                text = SINGLE_INSTRUCTION.format(words=self.words) + doc.chunks[0].text
+                self._cap_words(doc, doc.chunks[0].text, "the document has")
+                text = SINGLE_INSTRUCTION.format(words=doc.words) + doc.chunks[0].text
             elif doc.notes:
-                text = REDUCE_PROMPT.format(words=self.words, notes="\n\n".join(self._merge(doc.notes)))
+                notes = "\n\n".join(self._merge(doc.notes))
+                self._cap_words(doc, notes, "its notes have")
+                text = REDUCE_PROMPT.format(words=doc.words, notes=notes)
             else:  # no chunk gave usable notes: nothing to summarize from (the fallback takes over)
                 continue
             pairs.append((doc, tok.chat_prompt_ids(text)))
@@ -243,14 +255,24 @@ class ModelSummarizer:
                 states.append(state)
             batch = State.stack(states)
             states.clear()
-            generations = self._generate(torch.cat(first_logits), batch, self.words, [(doc, None) for doc, _ in group])
+            words = max(doc.words for doc, _ in group)  # the rows share one decode loop
+            generations = self._generate(torch.cat(first_logits), batch, words, [(doc, None) for doc, _ in group])
             del batch
             for (doc, _), generation in zip(group, generations):
-                doc.summary = trim_to_words(clean_output(generation.text), self.words)
+                doc.summary = trim_to_words(clean_output(generation.text), doc.words)
         for doc, prompt in pairs:
             if count_words(doc.summary) == 0 and self.s.sampling.temperature != 0:  # greedy would repeat itself
                 self.progress = doc.progress
-                doc.summary = self._final(lambda: self._prompt_state(prompt, chunk=None), attempts=RESTATE_LIMIT)
+                doc.summary = self._final(lambda: self._prompt_state(prompt, chunk=None), doc.words, attempts=RESTATE_LIMIT)
+
+    def _cap_words(self, doc: _Document, source: str, has: str) -> None:
+        """Set the document's word budget: -n, but no longer than `source`, what the summary is
+        written from (decoding 100,000 words' worth of tokens for a 70-word text takes minutes);
+        said once when it cuts -n."""
+        available = count_words(source)
+        doc.words = min(self.words, max(available, MIN_SUMMARY_WORDS))
+        if doc.words < self.words:
+            self.notify(f"{doc.name}: {has} {available} words; asking for at most {doc.words}")
 
     def _merge(self, notes: list[str]) -> list[str]:
         """Notes that do not fit one window are merged in groups until they do."""
@@ -278,7 +300,7 @@ class ModelSummarizer:
 
     # -- stream --------------------------------------------------------------------------------
 
-    def _stream(self, chunks: list[Chunk]) -> str:
+    def _stream(self, doc: _Document) -> str:
         model, tok = self.s.model, self.s.tokenizer
         state = model.new_state(1)
         self._phase(None, "prefix")
@@ -286,7 +308,7 @@ class ModelSummarizer:
         self._prefill(prefix, state)
         self.progress.counters["prefix_prefills"] += 1
         snapshot = state.snapshot()
-        for chunk in chunks:
+        for chunk in doc.chunks:
             if chunk.resets_state:  # stream: only the first chunk carries the marker
                 state.restore(snapshot)
                 self.progress.counters["restores"] += 1
@@ -299,18 +321,18 @@ class ModelSummarizer:
         def ask() -> tuple[torch.Tensor, object]:
             state.restore(after_document)
             self._phase(None, "prefill")
-            return self._prefill(tok.chat_suffix_ids("", STREAM_QUESTION.format(words=self.words)), state), state
+            return self._prefill(tok.chat_suffix_ids("", STREAM_QUESTION.format(words=doc.words)), state), state
 
-        return self._final(ask)
+        return self._final(ask, doc.words)
 
     # -- the pieces ----------------------------------------------------------------------------
 
-    def _final(self, start: Callable[[], tuple[torch.Tensor, object]], attempts: int = 1 + RESTATE_LIMIT) -> str:
-        """Generate the summary, trim it to the word budget on a sentence end; ask again if unusable."""
+    def _final(self, start: Callable[[], tuple[torch.Tensor, object]], words: int, attempts: int = 1 + RESTATE_LIMIT) -> str:
+        """Generate the summary, trim it to `words` on a sentence end; ask again if unusable."""
         for _ in range(attempts):
             logits, state = start()
             self._phase(None, "decode")
-            text = trim_to_words(clean_output(self._generate(logits, state, self.words)[0].text), self.words)
+            text = trim_to_words(clean_output(self._generate(logits, state, words)[0].text), words)
             if count_words(text) > 0:
                 return text
             if self.s.sampling.temperature == 0:
@@ -362,5 +384,7 @@ class ModelSummarizer:
     def _span(self, report: SpanReport) -> None:
         if self.diagnostics is not None:
             self.diagnostics(self.progress, report)
+            if not self.diagnostics.writing and self.on_span is None:
+                self.s.model.listener = None  # the log failed and said so: no more per-token reports
         if self.on_span is not None:
             self.on_span(self.progress, report)

@@ -1,40 +1,67 @@
-"""Where summaries land: stdout (one alone, several under `==> name <==` headers like `tail`, or JSON
-lines), or files written atomically, skipped when up to date: newer than their input and fingerprinted
-on the first line (an HTML comment, which Markdown does not show) with the settings of this run.
+"""Where summaries land: stdout (one alone, several under `==> name <==` headers like `tail`, or one
+JSON line per input, failed and skipped ones included), or files written atomically.
+
+A Markdown output's first line is an HTML comment (Markdown does not show it) holding the fingerprint
+of the settings the run asked for, then the method that wrote the summary: `<!-- summarize
+3f2a9c1b7d4e extractive -->`. An output is up to date, and skipped, when it is newer than its input
+and its fingerprint is this run's, whichever method wrote it: an extractive fallback is not redone
+on every re-run (`--force` redoes it). Headers from before the method was recorded (`<!-- summarize
+3f2a9c1b7d4e -->`) held the fingerprint of the settings of the method that wrote them, which is the
+asked-for one unless the model fell back; they are read by the same rule.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
-from typing import TextIO
+from typing import NoReturn, TextIO
 
-from summarize.types import Job, Result, Settings, Summary
+from summarize.types import Job, Result, Settings, Summary, printable
 
-HEADER = "<!-- summarize {fingerprint} -->"
+HEADER = "<!-- summarize {fingerprint} {method} -->"
+_HEADER_LINE = re.compile(r"<!-- summarize (?P<fingerprint>[0-9a-f]+)(?: (?P<method>\S+))? -->")
+UP_TO_DATE = "up to date"  # a skipped input's JSON record says why with this
+
+# json.dumps(ensure_ascii=False) escapes C0 controls only; DEL and C1 controls would reach a
+# terminal raw, and a lone surrogate (an undecodable file name) could not be encoded at all.
+_RAW_IN_JSON = re.compile("[\x7f-\x9f\ud800-\udfff]")
 
 
 # --- stdout --------------------------------------------------------------------------------
 
 
-def print_summary(out: TextIO, job: Job, result: Result, *, json_lines: bool, header: bool, first: bool) -> None:
-    """`result`'s summary on `out`: a JSON line, or the text (under a `==> name <==` header)."""
+def print_summary(out: TextIO, job: Job, result: Result, *, header: bool, first: bool) -> None:
+    """`result`'s summary text on `out`, under a `==> name <==` header when `header`."""
     summary = result.summary
     assert summary is not None
-    if json_lines:
-        out.write(json.dumps(_record(job, result, summary), ensure_ascii=False) + "\n")
-    else:
-        if header:
-            out.write(("" if first else "\n") + f"==> {job.label} <==\n")
-        out.write(summary.text.rstrip("\n") + "\n")
+    if header:
+        out.write(("" if first else "\n") + f"==> {printable(job.label)} <==\n")
+    out.write(summary.text.rstrip("\n") + "\n")
     out.flush()
 
 
-def _record(job: Job, result: Result, summary: Summary) -> dict:
-    record = {
-        "input": job.input,
+def print_record(out: TextIO, job: Job, result: Result) -> None:
+    """`result` as one JSON line on `out`, whatever became of the input."""
+    line = json.dumps(_record(job, result), ensure_ascii=False)
+    out.write(_RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", line) + "\n")
+    out.flush()
+
+
+def _record(job: Job, result: Result) -> dict:
+    """Every record has `input` and `ok`; then `summary`, `words`, `method`, `seconds`, the
+    method's extras and `output` for a summary; `skipped` and `output` for an up-to-date output;
+    `error` for a failure."""
+    record: dict = {"input": job.input}
+    if result.status == "failed":
+        return record | {"error": result.reason, "ok": False}
+    if result.status == "skipped":
+        return record | {"skipped": UP_TO_DATE, "output": str(result.output), "ok": True}
+    summary = result.summary
+    assert summary is not None
+    record |= {
         "summary": summary.text,
         "words": summary.words,
         "method": summary.method,
@@ -44,6 +71,7 @@ def _record(job: Job, result: Result, summary: Summary) -> dict:
         record["output"] = str(job.output)
     for key, value in summary.extra.items():
         record.setdefault(key, value)
+    record.setdefault("ok", True)
     return record
 
 
@@ -59,9 +87,9 @@ def _file_text(summary: Summary, settings: Settings, output: Path) -> str:
     body = summary.text.rstrip("\n") + "\n"
     if not _carries_header(output):
         return body
-    # The fingerprint of what was actually made: an extractive fallback for a model run does
-    # not count as up to date, so the model summary replaces it once a model is available.
-    return HEADER.format(fingerprint=settings.fingerprint(summary.method)) + "\n" + body
+    # The asked-for settings' fingerprint, so that a re-run finds a fallback up to date too; the
+    # method beside it tells a reader which kind of summary this is.
+    return HEADER.format(fingerprint=settings.fingerprint(), method=summary.method) + "\n" + body
 
 
 def _carries_header(output: Path) -> bool:
@@ -70,7 +98,8 @@ def _carries_header(output: Path) -> bool:
 
 
 def is_up_to_date(job: Job, fingerprint: str) -> bool:
-    """Whether `job.output` is newer than its input and was written with `fingerprint`."""
+    """Whether `job.output` is newer than its input and was written for settings with `fingerprint`
+    (by whichever method)."""
     if job.is_stdin or job.output is None or not _carries_header(job.output):
         return False
     try:
@@ -80,14 +109,21 @@ def is_up_to_date(job: Job, fingerprint: str) -> bool:
             first_line = f.readline().rstrip("\n")
     except OSError:
         return False
-    return first_line == HEADER.format(fingerprint=fingerprint)
+    header = _HEADER_LINE.fullmatch(first_line)
+    return header is not None and header["fingerprint"] == fingerprint
 
 
 def write_atomic(path: Path, text: str) -> None:
     """Write `text` to `path` so that readers see the old file or the whole new one, nothing
-    else; the temporary file is removed on any exception, KeyboardInterrupt included."""
+    else; the temporary file is removed on any exception, KeyboardInterrupt included.
+
+    An OSError names `path`: the temporary file is ours, not something the user can act on.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.tmp")
+    except OSError as exc:
+        _raise_naming(exc, path)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -95,12 +131,21 @@ def write_atomic(path: Path, text: str) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, _file_mode(path))
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError):
+            _raise_naming(exc, path)
         raise
+
+
+def _raise_naming(exc: OSError, path: Path) -> NoReturn:
+    """Raise `exc` again, told about `path` (OSError picks the subclass for the errno again)."""
+    if exc.errno is None:
+        raise exc
+    raise OSError(exc.errno, exc.strerror, str(path)) from exc
 
 
 def _file_mode(path: Path) -> int:

@@ -34,7 +34,8 @@ def make_summarizer(settings: Settings, ui: Reporter) -> Summarizer:
     with ExitStack() as on_failure:
         diagnostics = None
         if settings.diagnostics_file:
-            diagnostics = on_failure.enter_context(DiagnosticsLog(settings.diagnostics_file))
+            # a file that cannot be written is said once and dropped: it never costs a summary
+            diagnostics = on_failure.enter_context(DiagnosticsLog(settings.diagnostics_file, on_error=ui.error))
         summarizer = ModelSummarizer(
             session,
             words=settings.words,

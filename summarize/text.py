@@ -49,14 +49,18 @@ def count_words(text: str) -> int:
 _CLOSERS = "\"'”’)\\]}»›」』）】〉》"
 _OPENERS = "\"'“‘([{«‹¿¡"
 _PARAGRAPH_BREAK = re.compile(r"\n[^\S\n]*\n")
+# The western run starts at the first terminator and is taken whole, never backtracked into (a
+# lookahead is atomic; `(?>...)` needs Python 3.11): trying every start and length inside a run
+# of "!!!!" that no space follows made splitting quadratic in the run's length.
 _TERMINATOR = re.compile(
     rf"(?P<cjk>[。！？｡]+[{_CLOSERS}]*)"
-    rf"|(?P<western>[.!?…]+[{_CLOSERS}]*)(?=\s|$)"
+    rf"|(?<![.!?…])(?=(?P<western>[.!?…]+[{_CLOSERS}]*))(?P=western)(?=\s|$)"
 )
 # A line inside a paragraph that starts a list item or a heading starts a new sentence.
 _LIST_LINE = re.compile(r"\n(?=[^\S\n]*(?:[-*•‣◦▪]|\d{1,3}[.)]|#{1,6})[^\S\n])")
 _NEXT_WORD = re.compile(rf"\s*[{_OPENERS}]*(\w*)")
 _LAST_TOKEN = re.compile(r"\S+$")
+_NON_SPACE = re.compile(r"\S")
 _LOOKBACK = 64  # characters searched backwards for the token before a terminator
 
 # Never end a sentence: titles before names, and Latin/reference abbreviations.
@@ -120,6 +124,56 @@ def trim_to_words(text: str, max_words: int) -> str:
     return "" if end is None else text[spans[0][0] : end]
 
 
+# Where a run without sentence ends may be cut, best first: after clause punctuation, else
+# between words (or CJK characters). A clause cut is taken only when it leaves the segment at
+# least CLAUSE_FILL full, so that one early comma does not leave a stub.
+CLAUSE_PUNCTUATION = ",;:、，；："
+CLAUSE_FILL = 0.5
+_SEGMENT_UNIT = re.compile(f"(?P<cjk>[{CJK_CHARS}])|[^\\s{CJK_CHARS}]+")
+
+
+def split_clauses(text: str, start: int, end: int, max_words: int) -> list[tuple[int, int]]:
+    """Cut ``text[start:end]`` (a run with no sentence end, or far too long to be one sentence)
+    into stripped, non-empty spans of at most ``max_words`` words each, in order.
+
+    Cuts fall after clause punctuation (, ; : 、，；) when one leaves the segment at least
+    ``CLAUSE_FILL`` full, else between words or CJK characters. One pass over the text. A single
+    whitespace-free token of more than ``max_words`` words (CJK punctuation between letters, no
+    CJK characters) stays whole.
+    """
+    limit = max(1, max_words)
+    cjk = _CJK_ANY.search(text, start, end) is not None
+    segments: list[tuple[int, int]] = []
+    seg_start = seg_end = -1
+    words = 0
+    cut_end = after_cut = -1  # end of the segment's last clause, start of the unit after it
+    cut_words = 0
+    for unit in _SEGMENT_UNIT.finditer(text, start, end):
+        s, e = unit.span()
+        # CJK characters are matched one by one; other units are whitespace-free tokens whose
+        # count on their own is never below their share of the whole (see count_words).
+        w = count_words(unit.group()) if cjk and unit.lastgroup is None else 1
+        if seg_start < 0:
+            seg_start = s
+        elif words + w > limit:
+            if after_cut >= 0 and cut_words >= CLAUSE_FILL * limit:
+                segments.append((seg_start, cut_end))
+                seg_start, words = after_cut, words - cut_words
+            if words + w > limit:
+                segments.append((seg_start, seg_end))
+                seg_start, words = s, 0
+            cut_end = after_cut = -1
+        if cut_end >= 0 and after_cut < 0:
+            after_cut = s
+        words += w
+        seg_end = e
+        if text[e - 1] in CLAUSE_PUNCTUATION:
+            cut_end, cut_words, after_cut = e, words, -1
+    if seg_start >= 0:
+        segments.append((seg_start, seg_end))
+    return segments
+
+
 def _split_paragraph(text: str, start: int, end: int, spans: list[tuple[int, int]]) -> None:
     """Append the stripped, non-empty sentences of ``text[start:end]`` to ``spans``."""
     cuts = [m.start() for m in _LIST_LINE.finditer(text, start, end)]
@@ -169,7 +223,8 @@ def _is_boundary(text: str, match: re.Match, sentence_start: int, end: int) -> b
     word = token.lower()
     if word in _HARD_ABBREVIATIONS:
         return False
-    first_in_sentence = not text[sentence_start : last.start()].strip()
+    # A search, not a slice: the slice grew with the sentence, quadratic in an unending one.
+    first_in_sentence = _NON_SPACE.search(text, sentence_start, last.start()) is None
     if first_in_sentence and _LIST_NUMBER.fullmatch(token):
         return False  # "1. Install", "b. Run", "iv. Results"
     initial = len(token) == 1 and token.isalpha()

@@ -1,5 +1,6 @@
-"""The shared vocabulary of the application: constants, the settings of a run, its results, and the
-protocols the summarizers and the UI implement. It sits at the bottom: it imports nothing of ours.
+"""The shared vocabulary of the application: constants, the settings of a run, its results, the
+protocols the summarizers and the UI implement, and how a name is shown on a terminal (`printable`).
+It sits at the bottom: it imports nothing of ours.
 """
 
 from __future__ import annotations
@@ -21,6 +22,15 @@ DEFAULT_STRATEGY = MAP_REDUCE
 
 STDIN = "-"  # the input name that reads standard input
 STDIN_LABEL = "<stdin>"  # how messages name it
+
+# The chunking the model summarizer uses when not told (its own constants must agree: tested).
+# Below 64 tokens a chunk holds a sentence or two, and every chunk's notes cost a decode: minutes
+# for a page (`--chunk-tokens 1` took 110 s for 400 bytes). Above 32K one chunk's prefill
+# (activations, attention cache) outgrows a small machine's memory.
+DEFAULT_CHUNK_TOKENS = 1536
+DEFAULT_OVERLAP = 128
+MIN_CHUNK_TOKENS, MAX_CHUNK_TOKENS = 64, 32768
+MAX_OVERLAP_SHARE = 4  # the overlap is at most a quarter of a chunk, as the model summarizer keeps it
 
 # Bump when the same settings start producing different output (new header format, new
 # algorithm), so that files written by an older version stop counting as up to date.
@@ -54,9 +64,10 @@ class Settings:
     def fingerprint(self, method: str | None = None) -> str:
         """A short, stable hash of the settings that change a summary made by `method`.
 
-        `method` defaults to the one these settings ask for; pass the method that actually
-        produced a summary (an extractive fallback, say) to describe that summary truthfully.
-        Device, password, verbosity and diagnostics do not change the text, so they are left out.
+        `method` defaults to the one these settings ask for: output files record that one, so a
+        re-run with the same settings finds them up to date even where the model fell back to
+        an extractive summary. Device, password, verbosity and diagnostics do not change the
+        text, so they are left out.
         """
         method = method or ("extractive" if self.extractive else "model")
         shaping: dict[str, Any] = {"v": FINGERPRINT_VERSION, "method": method, "words": self.words}
@@ -76,6 +87,23 @@ class Settings:
                 shaping["quantize"] = self.quantize
         blob = json.dumps(shaping, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:FINGERPRINT_LENGTH]
+
+
+def printable(name: str) -> str:
+    """`name` safe to print on a terminal: control characters (C0, DEL, C1) and the bytes of an
+    undecodable file name shown as `\\xNN`, so that no name can move the cursor or retitle the window."""
+    return "".join(_escaped(char) for char in name)
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    if code < 0x20 or 0x7F <= code <= 0x9F:
+        return f"\\x{code:02x}"
+    if 0xDC80 <= code <= 0xDCFF:  # os.fsdecode's stand-in for an undecodable byte (surrogateescape)
+        return f"\\x{code - 0xDC00:02x}"
+    if 0xD800 <= code <= 0xDFFF:  # any other lone surrogate cannot be encoded for the terminal
+        return f"\\u{code:04x}"
+    return char
 
 
 @dataclass

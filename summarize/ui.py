@@ -1,6 +1,8 @@
 """Everything meant for humans, on stderr. The library reports events; these classes render them.
 
-stdout is never touched here: it carries only summaries (or JSON lines).
+stdout is never touched here: it carries only summaries (or JSON lines). Messages arrive raw and
+are made printable here (`printable`: a file name may hold escape sequences), always as rich
+`Text`, never markup, so that `[red]` in a file name stays those characters.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from summarize.types import ModelProgress, Result
+from summarize.types import ModelProgress, Result, printable
 
 # Off a terminal rich assumes 80 columns; logs read better with the table on unwrapped lines.
 PLAIN_TABLE_WIDTH = 240
@@ -41,7 +43,7 @@ class RichUI:
     def _line(self, text: str, style: str | None = None) -> None:
         # A styled Text, not print(style=...): that style would also paint a live progress bar.
         # soft_wrap: a long message stays one line instead of being folded at the console width.
-        self.console.print(Text(text, style=style or ""), soft_wrap=True)
+        self.console.print(Text(printable(text), style=style or ""), soft_wrap=True)
 
     def note(self, msg: str) -> None:
         self._line(f"note: {msg}", style="dim")
@@ -50,7 +52,8 @@ class RichUI:
         """One line; with --verbose the traceback of `exc` follows it."""
         self._line(f"error: {msg}", style="bold red")
         if self.verbose and exc is not None:
-            self._line("".join(traceback.format_exception(exc)).rstrip())
+            for line in "".join(traceback.format_exception(exc)).rstrip().splitlines():
+                self._line(line)
 
     def file_started(self, name: str, i: int, n: int) -> None:
         """Input `i` of `n` (1-based) begins."""
@@ -59,15 +62,15 @@ class RichUI:
             return
         if self._progress is None:
             self._progress = Progress(
-                TextColumn("{task.description}"),
+                TextColumn("{task.description}", markup=False),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
                 console=self.console,
             )
-            self._task = self._progress.add_task(name, total=n)
+            self._task = self._progress.add_task(printable(name), total=n)
             self._start_live()
-        self._progress.update(self._task, description=name)  # finished files advance the bar
+        self._progress.update(self._task, description=printable(name))  # finished files advance the bar
 
     def _start_live(self) -> None:
         """One live display for everything (rich allows one at a time): files bar, state view."""
@@ -98,11 +101,11 @@ class RichUI:
         table.add_column("reason", overflow="fold")
         for r in results:
             table.add_row(
-                Text(r.input),
+                Text(printable(r.input)),
                 Text(r.status, style=STATUS_STYLE[r.status]),
                 "" if r.words is None else str(r.words),
                 "" if r.seconds is None else f"{r.seconds:.2f}",
-                Text(r.reason),
+                Text(printable(r.reason)),
             )
         if not self.console.is_terminal:
             self.console.width = max(self.console.width, PLAIN_TABLE_WIDTH)

@@ -216,7 +216,7 @@ def test_touched_input_is_rewritten(tmp_path: Path):
     assert not output.is_up_to_date(job, settings.fingerprint())
 
 
-def test_fallback_summary_is_not_up_to_date_for_a_model_run(tmp_path: Path):
+def test_a_fallback_summary_is_up_to_date_for_the_settings_that_asked_for_it(tmp_path: Path):
     src = tmp_path / "bees.txt"
     src.write_text(GOOD)
     job = Job(str(src), tmp_path / "bees.summary.md")
@@ -226,16 +226,37 @@ def test_fallback_summary_is_not_up_to_date_for_a_model_run(tmp_path: Path):
     assert result.status == "ok" and result.summary.method == "extractive"
     assert len(ui.of("note")) == 1
     first_line = job.output.read_text().splitlines()[0]
-    assert first_line == HEADER.format(fingerprint=settings.fingerprint("extractive"))
-    assert not output.is_up_to_date(job, settings.fingerprint())
+    assert first_line == HEADER.format(fingerprint=settings.fingerprint(), method="extractive")
+    assert output.is_up_to_date(job, settings.fingerprint())
+
+    again = RecordingUI()  # the re-run skips it, and so never tries to load the model
+    (rerun,) = batch.run(batch.Plan([job], False), settings, ui=again)
+    assert rerun.status == "skipped" and not again.of("note")
+    assert not output.is_up_to_date(job, Settings(words=40, extractive=True).fingerprint())
+    (forced,) = batch.run(batch.Plan([job], False), settings, ui=RecordingUI(), force=True)
+    assert forced.status == "ok"
+
+
+def test_a_header_from_before_the_method_was_recorded_still_counts(tmp_path: Path):
+    src = tmp_path / "bees.txt"
+    src.write_text(GOOD)
+    job = Job(str(src), tmp_path / "bees.summary.md")
+    settings = Settings(words=40, extractive=True)
+    job.output.write_text(f"<!-- summarize {settings.fingerprint()} -->\nAn earlier summary.\n")
+    assert output.is_up_to_date(job, settings.fingerprint())
+    assert not output.is_up_to_date(job, Settings(words=41, extractive=True).fingerprint())
 
 
 def test_json_lines_for_a_folder(docs: Path):
     result = invoke(str(docs), "--json", "-n", "40", "--extractive")
     assert result.exit_code == 1
     records = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [r["input"] for r in records] == [str(docs / "bees.txt"), str(docs / "sub/lights.md")]
-    assert all(r["method"] == "extractive" and r["words"] <= 40 for r in records)
+    # one record per input (the "one JSON object per input"): the broken PDF's is a failure
+    assert [r["input"] for r in records] == [
+        str(docs / "bees.txt"), str(docs / "broken.pdf"), str(docs / "sub/lights.md")]
+    summaries = [r for r in records if r["ok"]]
+    assert [r["input"] for r in summaries] == [str(docs / "bees.txt"), str(docs / "sub/lights.md")]
+    assert all(r["method"] == "extractive" and r["words"] <= 40 for r in summaries)
 
 
 def test_events_and_stdout_layout(docs: Path):
@@ -280,6 +301,22 @@ def test_a_model_that_fails_to_load_is_tried_once_and_fails_every_input(monkeypa
     assert len(loads) == 1
     assert [r.status for r in results] == ["failed"] * 3
     assert all("truncated file" in r.reason for r in results)
+
+
+def test_a_model_load_error_is_said_once_and_each_input_points_at_it(monkeypatch, tmp_path: Path):
+    from summarize.errors import SummarizeError
+
+    def failing_load(settings, ui):
+        raise SummarizeError("model.safetensors: truncated file")
+
+    monkeypatch.setattr(batch, "make_summarizer", failing_load)
+    names = ("a.txt", "b.txt", "c.txt")
+    for name in names:
+        (tmp_path / name).write_text("Bees dance to tell each other where the flowers are. " * 3)
+    ui = RecordingUI()
+    batch.run(plan([str(tmp_path)]), Settings(words=40), ui=ui, stdout=io.StringIO())
+    assert ui.of("error") == [("the model could not be loaded: model.safetensors: truncated file",)] + [
+        (f"{tmp_path / name}: the model could not be loaded (see above)",) for name in names]
 
 
 def test_the_summarizer_is_closed_when_the_run_ends_and_when_it_is_interrupted(monkeypatch, tmp_path: Path):

@@ -1,5 +1,6 @@
 """Chunking: overlapping windows of whole sentences, with reset markers (design §1, §3)."""
 
+import re
 import time
 
 import pytest
@@ -169,3 +170,63 @@ def test_500_pages_are_chunked_quickly():
     elapsed = time.perf_counter() - started
     assert chunks[-1].text.endswith("It was day 5999.")
     assert elapsed < 3.0  # typically ~0.2 s; generous for loaded CI machines
+
+
+def _unpunctuated(words: int) -> str:
+    """One sentence without an end: a line of words, as a long log or a transcript may be."""
+    return " ".join(f"{VOCABULARY[i % 10]}{'x' * (i % 7)}" for i in range(words))
+
+
+def _chunk_counting(text: str, chunk_size: int) -> tuple[list[Chunk], int]:
+    """The chunks, and how many characters the counter was given in all."""
+    tokenized = 0
+
+    def count(s: str) -> int:  # a stand-in tokenizer: one token per word
+        nonlocal tokenized
+        tokenized += len(s)
+        return len(s.split())
+
+    return chunk_text(text, chunk_size=chunk_size, overlap=8, count=count), tokenized
+
+
+def test_an_unpunctuated_run_is_chunked_with_linear_work():
+    small, big = _unpunctuated(4000), _unpunctuated(8000)
+    small_chunks, small_work = _chunk_counting(small, 64)
+    big_chunks, big_work = _chunk_counting(big, 64)
+    assert big_work <= 2.5 * small_work  # was ~4x: every cut recounted the rest of the sentence
+    assert big_work <= 2 * len(big)  # each character is counted about once
+    for text, chunks in ((small, small_chunks), (big, big_chunks)):
+        assert all(c.size == len(c.text.split()) <= 64 for c in chunks)
+        assert all(c.size >= 0.9 * 64 for c in chunks[:-1])  # pieces are packed nearly full
+        assert chunks[-1].text.endswith(text[-20:])
+        seen = " ".join(c.text for c in chunks).split()
+        assert sorted(set(seen)) == sorted(set(text.split()))
+
+
+def test_a_word_longer_than_a_chunk_is_cut_with_linear_work():
+    blob = "".join(f"{i:x}" for i in range(20000))  # base64-like: no space anywhere
+    calls = []
+
+    def count(s: str) -> int:
+        calls.append(len(s))
+        return len(s) // 4 + 1
+
+    chunks = chunk_text(blob, chunk_size=256, overlap=0, count=count)
+    assert "".join(c.text for c in chunks) == blob
+    assert all(c.size <= 256 for c in chunks)
+    assert sum(calls) <= 3 * len(blob)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from(VOCABULARY + ["x" * 30, "日本語", "你好，", "—", "\n"]), min_size=1, max_size=300).map(" ".join),
+    st.integers(min_value=1, max_value=40),
+    st.sampled_from([None, len]),
+)
+def test_a_long_sentence_is_cut_into_pieces_that_fit(text, chunk_size, count):
+    chunks = chunk_text(text, chunk_size=chunk_size, overlap=0, count=count)
+    assert re.sub(r"\s", "", "".join(c.text for c in chunks)) == re.sub(r"\s", "", text)
+    for c in chunks:
+        assert c.size <= chunk_size or len(c.text) == 1  # only a lone character may not fit
+        if count is None:  # words are additive: the pieces' sizes are exact
+            assert c.size == count_words(c.text)

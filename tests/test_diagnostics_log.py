@@ -34,3 +34,22 @@ def test_records_name_the_row_of_a_batch_and_the_file_is_closed(tmp_path: Path):
     assert [(r["input"], r["chunk"], r["layer"]) for r in records] == [("a", 2, 0), ("a", 2, 1), ("b", 0, 0), ("b", 0, 1)]
     assert records[0]["state_norm"] == 1.5 and records[1]["kv_tokens"] == 7
     assert log._file.closed
+
+
+def test_a_file_that_cannot_be_written_is_said_once_and_never_raises():
+    said: list[str] = []
+    log = DiagnosticsLog("/dev/full", on_error=said.append)  # every write: No space left on device
+    for chunk in range(200):  # enough records to fill the write buffer many times over
+        log(ModelProgress(input="a", chunk=chunk), span(0, "prefill"))
+        log.flush()
+    log.close()
+    assert said == ["/dev/full: No space left on device; no more diagnostics are written"]
+    assert not log.writing
+
+
+def test_a_file_that_cannot_be_opened_is_said_once_and_never_raises(tmp_path: Path):
+    said: list[str] = []
+    path = tmp_path / "gone" / "d.jsonl"
+    with DiagnosticsLog(str(path), on_error=said.append) as log:
+        log(ModelProgress(input="a", chunk=0), span(0, "prefill"))
+    assert said == [f"{path}: No such file or directory; no more diagnostics are written"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import io
 import logging
 import re
@@ -160,9 +161,108 @@ def test_stdin_text(stdin_bytes):
     assert extract_text("-") == "café fine line\n\nnext"
 
 
-def test_stdin_with_a_few_bad_bytes_replaces_them(stdin_bytes):
+def test_stdin_that_is_not_utf8_is_read_as_windows_1252_with_a_note(stdin_bytes):
+    # Was: the byte became U+FFFD, silently. The issue asks for Windows-1252 and a note instead.
     stdin_bytes(b"mostly fine text with one bad byte \xff here, and more words after it")
-    assert extract_text("-").startswith("mostly fine text with one bad byte \ufffd here")
+    notes = []
+    assert extract_text("-", notify=notes.append).startswith("mostly fine text with one bad byte \u00ff here")
+    assert notes == ["<stdin>: not UTF-8; read as Windows-1252"]
+
+
+# --- encodings: BOM, UTF-8, else Windows-1252 with a note; never a silent U+FFFD --------------------
+
+WINDOWS_1252 = "Caf\u00e9 cr\u00e8me \u201cbr\u00fbl\u00e9e\u201d \u2013 5 \u20ac, na\u00efve \u0152uvre."
+
+
+def test_a_windows_1252_file_is_read_as_such_with_a_note(tmp_path):
+    path = tmp_path / "menu.txt"
+    path.write_bytes(WINDOWS_1252.encode("cp1252"))
+    notes = []
+    text = extract_text(path, notify=notes.append)
+    assert text == WINDOWS_1252 and "\ufffd" not in text
+    assert notes == [f"{path}: not UTF-8; read as Windows-1252"]
+
+
+def test_without_notify_the_note_is_a_warning(tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("D\u00e9j\u00e0 vu, \u00e7a va.".encode("latin-1"))
+    with pytest.warns(UserWarning, match="read as Windows-1252"):
+        assert extract_text(path) == "D\u00e9j\u00e0 vu, \u00e7a va."
+
+
+def test_bytes_windows_1252_leaves_undefined_are_read_as_latin_1_and_dropped(tmp_path):
+    path = tmp_path / "odd.txt"
+    path.write_bytes(b"caf\xe9 \x81and\x9d more")  # 0x81, 0x9D: C1 controls in Latin-1
+    assert extract_text(path, notify=lambda note: None) == "caf\u00e9 and more"
+
+
+def test_stray_bytes_in_a_utf8_file_are_read_as_windows_1252(tmp_path):
+    path = tmp_path / "mixed.txt"
+    path.write_bytes("na\u00efve caf\u00e9 \u65e5\u672c ".encode() + b"\x96 one stray dash")
+    notes = []
+    assert extract_text(path, notify=notes.append) == "na\u00efve caf\u00e9 \u65e5\u672c \u2013 one stray dash"
+    assert notes == [f"{path}: 1 byte(s) not UTF-8; read as Windows-1252"]
+
+
+BOMS = {"utf-16-le": codecs.BOM_UTF16_LE, "utf-16-be": codecs.BOM_UTF16_BE,
+        "utf-32-le": codecs.BOM_UTF32_LE, "utf-32-be": codecs.BOM_UTF32_BE}
+
+
+@pytest.mark.parametrize("codec", ["utf-8-sig", "utf-16", "utf-32", *BOMS])
+def test_a_bom_names_the_encoding(tmp_path, codec):
+    path = tmp_path / "bom.txt"
+    path.write_bytes(BOMS.get(codec, b"") + WINDOWS_1252.encode(codec))  # the first three write their own
+    notes = []
+    assert extract_text(path, notify=notes.append) == WINDOWS_1252
+    assert notes == []
+
+
+def test_utf8_needs_no_note(tmp_path):
+    path = tmp_path / "plain.txt"
+    path.write_text(WINDOWS_1252, encoding="utf-8")
+    notes = []
+    assert extract_text(path, notify=notes.append) == WINDOWS_1252 and notes == []
+
+
+# --- Markdown: code is not prose ----------------------------------------------------------------------
+
+
+def test_markdown_code_blocks_are_dropped(tmp_path):
+    path = tmp_path / "guide.md"
+    path.write_text(
+        "# Guide\n\nInstall it first.\n\n```bash\npip install tool\n\nmake all\n```\n\n"
+        "Then run it:\n\n    tool --run\n    tool --check\n\n~~~~\nmore code\n~~~\nstill code\n~~~~\n\n"
+        "- a list item\n\n    its second paragraph, indented\n\nThe end, with `inline code` kept.\n",
+        encoding="utf-8",
+    )
+    assert extract_text(path) == (
+        "# Guide\n\nInstall it first.\n\nThen run it:\n\n- a list item\n\n"
+        "its second paragraph, indented\n\nThe end, with `inline code` kept."
+    )
+
+
+def test_a_line_indented_inside_a_paragraph_is_not_code(tmp_path):
+    path = tmp_path / "wrapped.md"
+    path.write_text("A paragraph that\n    continues on an indented line.\n", encoding="utf-8")
+    assert extract_text(path) == "A paragraph that continues on an indented line."
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["```python\nprint('hi')\n```\n", "# Example\n\n```\nx = 1\n```\n\n    y = 2\n", "~~~\nunclosed fence\n"],
+)
+def test_markdown_with_only_code_has_no_prose(tmp_path, content):
+    path = tmp_path / "snippet.md"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(ExtractionError, match=r"no prose to summarize \(only code\)") as info:
+        extract_text(path)
+    assert str(info.value) == f"{path}: no prose to summarize (only code)"
+
+
+def test_code_fences_in_plain_text_are_text(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("```\nkept\n```\n", encoding="utf-8")
+    assert extract_text(path) == "``` kept ```"
 
 
 def test_stdin_pdf_bytes_are_read_as_pdf(stdin_bytes):

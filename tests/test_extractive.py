@@ -2,13 +2,18 @@
 
 import random
 import re
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+import summarize.extractive
+from summarize.errors import SummarizeError
 from summarize.extractive import extractive_summary
+from summarize.extractive_summarizer import ExtractiveSummarizer
 from summarize.text import count_words, split_sentences
+from summarize.types import Settings
 
 PARAGRAPHS = [
     "The town of {town} grew up where the {river} bends twice before reaching the sea. "
@@ -107,7 +112,7 @@ def test_junk_is_skipped(prose):
 
 def test_short_document_comes_back_whole():
     text = "  A short note.\nIt spans\n  two lines.\n\nAnd a second paragraph.  "
-    assert extractive_summary(text, 100) == "A short note. It spans two lines. And a second paragraph."
+    assert extractive_summary(text, 100) == "A short note. It spans two lines.\n\nAnd a second paragraph."
 
 
 def test_the_best_sentence_that_fits_when_little_fits():
@@ -167,3 +172,139 @@ def test_real_samples(path):
     assert count_words(summary) <= 150
     if count_words(text) > 1000 and summary:
         assert re.search(r"[.!?。！？][\"'”’)\]]*$", summary)
+
+
+# --- the selection's work grows linearly with the budget ------------------------------------------
+
+
+def _letters(i: int) -> str:
+    """A distinct word of letters only (digits are no terms): 0 -> "aab", 1 -> "bab", ..."""
+    word, i = "", i + 26 * 26
+    while i:
+        i, r = divmod(i, 26)
+        word += chr(ord("a") + r)
+    return word
+
+
+def _distinct_sentences(n: int) -> list[str]:
+    """Sentences sharing five common terms, each with one term of its own: none repeats another."""
+    return [f"Harbour boats carry grey stone {_letters(i)} daily." for i in range(n)]
+
+
+def _lines_executed(text: str, budget: int) -> tuple[str, int]:
+    """The summary, and how many lines of summarize/extractive.py ran to make it: a measure of
+    work that does not depend on the machine's speed."""
+    lines = 0
+
+    def local(frame, event, arg):
+        nonlocal lines
+        lines += event == "line"
+        return local
+
+    def calls(frame, event, arg):
+        return local if frame.f_code.co_filename == summarize.extractive.__file__ else None
+
+    previous = sys.gettrace()
+    sys.settrace(calls)
+    try:
+        summary = extractive_summary(text, budget)
+    finally:
+        sys.settrace(previous)
+    return summary, lines
+
+
+def test_selection_work_is_linear_in_a_budget_that_takes_nearly_everything():
+    work = []
+    for n in (400, 800):
+        text = " ".join(_distinct_sentences(n))
+        summary, lines = _lines_executed(text, count_words(text) - 1)  # all but one sentence
+        assert len(split_sentences(summary)) == n - 1
+        work.append(lines)
+    # Was ~4x: each candidate was compared with every chosen sentence sharing a term.
+    assert work[1] <= 2.5 * work[0]
+
+
+def test_repeats_are_chosen_once_at_any_budget():
+    sentences = _distinct_sentences(300)
+    repeated = "Harbour boats carry grey stone daily."
+    text = " ".join(sentences[:150] + [repeated] * 100 + sentences[150:])
+    summary = extractive_summary(text, count_words(text) - 1)
+    assert split_sentences(summary).count(repeated) == 1
+    assert len(split_sentences(summary)) == 301
+
+
+# --- text without sentence ends ---------------------------------------------------------------------
+
+
+def _unpunctuated(prose: str) -> str:
+    return " ".join(re.sub(r"[.,;:!?]", " ", prose).split())  # one line, no sentence end
+
+
+@pytest.mark.parametrize("budget", [4, 10, 50, 300])
+def test_a_line_without_punctuation_has_a_summary_that_fits(prose, budget):
+    line = _unpunctuated(prose)
+    summary = extractive_summary(line, budget)
+    assert 0.6 * budget <= count_words(summary) <= budget
+    assert set(summary.split()) <= set(line.split())  # segments of the line, at whole words
+
+
+def test_segments_are_never_shorter_than_a_sentence_can_be(prose):
+    # Under MIN_WORDS a segment would be junk: budgets that small get no summary, as with sentences.
+    assert extractive_summary(_unpunctuated(prose), 3) == ""
+
+
+def test_segments_are_a_last_resort(prose):
+    run = "an unpunctuated line about the harbour records " * 20  # 140 words, no sentence end
+    text = prose + "\n\n" + run.strip()
+    assert extractive_summary(text, 150) == extractive_summary(prose, 150)
+
+
+def test_chinese_without_full_stops_has_a_summary():
+    base = "这座小镇建在河流转弯的地方，最早的房子是渔民建造的，他们需要躲避冬天的风暴，商人从南方带来羊毛、玻璃和香料，"
+    rng = random.Random(2)
+    text = "\n".join(base.replace("河流", rng.choice(["东河", "西河", "南河"])) for _ in range(100))  # ~16 KB
+    assert "。" not in text and len(text.encode()) > 15_000
+    summary = extractive_summary(text, 50)
+    assert 30 <= count_words(summary) <= 50
+    assert ExtractiveSummarizer(Settings(words=50)).summarize(text, name="zh.txt").text == summary
+
+
+# --- headings are no sentences --------------------------------------------------------------------
+
+
+HEADED = "Target Tier Policy\n\nGeneral\n\n# Install\n\n" + long_prose(repeats=2)
+
+
+@pytest.mark.parametrize("budget", [1, 3])
+def test_a_budget_that_only_headings_fit_gives_no_summary(budget):
+    assert extractive_summary(HEADED, budget) == ""
+    with pytest.raises(SummarizeError, match=f"^doc.md: no sentence fits in {budget} words$"):
+        ExtractiveSummarizer(Settings(words=budget)).summarize(HEADED, name="doc.md")
+
+
+def test_headings_are_not_chosen_but_short_sentences_are():
+    text = "Overview\n\n# Results\n\nIt worked.\n\n" + long_prose(repeats=2)
+    assert extractive_summary(text, 2) == "It worked."
+    summary = extractive_summary(text, 200)
+    assert not {"Overview", "Results", "Install"} & set(summary.split())
+
+
+# --- a summary that is (nearly) the whole document keeps its paragraphs ----------------------------
+
+
+def test_a_budget_beyond_the_document_keeps_its_paragraphs():
+    text = "First paragraph here. It has two sentences.\n\nSecond one\nwraps a line.\n\n\nThird paragraph."
+    expected = "First paragraph here. It has two sentences.\n\nSecond one wraps a line.\n\nThird paragraph."
+    assert extractive_summary(text, 1000) == expected
+
+
+def test_nearly_the_whole_document_keeps_its_paragraphs():
+    sentences = _distinct_sentences(60)
+    paragraphs = [" ".join(sentences[k : k + 4]) for k in range(0, 60, 4)]
+    text = "\n\n".join(paragraphs)
+    summary = extractive_summary(text, count_words(text) - 1)  # all sentences but one
+    kept = summary.split("\n\n")
+    assert len(kept) >= len(paragraphs) - 1
+    for paragraph in kept:  # each a run of one paragraph's sentences
+        assert any(set(split_sentences(paragraph)) <= set(split_sentences(p)) for p in paragraphs)
+    assert "\n\n" not in extractive_summary(text, 100)  # a summary proper stays one paragraph

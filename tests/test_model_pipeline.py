@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from summarize.extractive_summarizer import ExtractiveSummarizer
-from summarize.model_summarizer import ModelSummarizer
+from summarize.model_summarizer import MIN_SUMMARY_WORDS, TOKENS_PER_WORD, ModelSummarizer
 from summarize.session import load_session
 from summarize.text import count_words
 from summarize.types import Settings
@@ -212,3 +212,84 @@ def test_documents_share_their_decode_batches(model_dir, monkeypatch):
     assert [c["restores"] for c in counters] == [chunks[0], chunks[1], 0]
     assert all(c["tokens_out"] > 0 and c["tokens_in"] > 0 for c in counters)
     assert all(count_words(d.summary) <= 25 for d in (a, b, c))
+
+
+# -- the word budget is capped by what the summary is written from --------------------------------
+
+
+def token_budget(words: int) -> int:
+    return int(words * TOKENS_PER_WORD) + 16
+
+
+def recording_budgets(monkeypatch, limit: int) -> list[int]:
+    """Record each generate_batch's max_new_tokens; one over `limit` fails at once (it would
+    decode for minutes)."""
+    import summarize.model_summarizer as model_summarizer
+
+    budgets: list[int] = []
+    real = model_summarizer.generate_batch
+
+    def recording(model, prompts, state, **kwargs):
+        budgets.append(kwargs["max_new_tokens"])
+        assert kwargs["max_new_tokens"] <= limit, f"a decode budget of {kwargs['max_new_tokens']} tokens"
+        return real(model, prompts, state, **kwargs)
+
+    monkeypatch.setattr(model_summarizer, "generate_batch", recording)
+    return budgets
+
+
+@pytest.mark.parametrize("strategy", ["map-reduce", "stream"])
+def test_a_short_document_caps_the_word_budget(model_dir, monkeypatch, strategy):
+    """-n 100000 on a 70-word document asks for at most 70 words, and says so once."""
+    session = load_session(Settings(model=str(model_dir), device="cpu", dtype="float32"), lambda msg: None)
+    notes: list[str] = []
+    summarizer = ModelSummarizer(session, words=100_000, strategy=strategy, notify=notes.append,
+                                 fallback=ExtractiveSummarizer(Settings(words=100_000)))
+    words = [w for w in sorted(SAMPLES.glob("*.txt"))[0].read_text().split() if count_words(w) == 1]
+    text = " ".join(words[:70])
+    assert count_words(text) == 70
+    budgets = recording_budgets(monkeypatch, limit=token_budget(70))
+    summary = summarizer.summarize(text, name="short")
+    assert budgets and max(budgets) == token_budget(70)
+    assert [n for n in notes if "asking for" in n] == ["short: the document has 70 words; asking for at most 70"]
+    assert summary.words <= 70
+
+    # a budget below the document's length is the user's, and nothing is said
+    notes.clear()
+    budgets.clear()
+    ModelSummarizer(session, words=30, strategy=strategy, notify=notes.append).summarize_documents([(text, "short")])
+    assert max(budgets) == token_budget(30) and not [n for n in notes if "asking for" in n]
+
+
+def test_a_tiny_document_still_gets_a_sentence(model_dir, monkeypatch):
+    session = load_session(Settings(model=str(model_dir), device="cpu", dtype="float32"), lambda msg: None)
+    notes: list[str] = []
+    summarizer = ModelSummarizer(session, words=100_000, notify=notes.append)
+    budgets = recording_budgets(monkeypatch, limit=token_budget(MIN_SUMMARY_WORDS))
+    summarizer.summarize_documents([("Rivers flood in spring.", "tiny")])
+    assert max(budgets) == token_budget(MIN_SUMMARY_WORDS)
+    assert f"tiny: the document has 4 words; asking for at most {MIN_SUMMARY_WORDS}" in notes
+
+
+def test_the_notes_cap_the_word_budget_of_a_long_document(model_dir, monkeypatch):
+    """A document of several chunks: its summary is written from the notes, and asks for no more
+    words than they have."""
+    session = load_session(Settings(model=str(model_dir), device="cpu", dtype="float32"), lambda msg: None)
+    notes: list[str] = []
+    summarizer = ModelSummarizer(session, words=100_000, chunk_tokens=300, overlap=32, notify=notes.append)
+    note = "The policy sets three tiers of targets, each with its own duties for the maintainers."  # 15 words
+
+    def write_notes(docs):  # what the model would write per chunk, fixed: the test is about the budget
+        for doc in docs:
+            doc.notes = [note] * len(doc.chunks)
+
+    monkeypatch.setattr(summarizer, "_write_notes", write_notes)
+    text = sorted(SAMPLES.glob("*.txt"))[0].read_text()[:3000]
+    doc = summarizer._open(text, "long")
+    words = count_words(note) * len(doc.chunks)
+    assert len(doc.chunks) > 2 and count_words(text) > words > MIN_SUMMARY_WORDS
+    budgets = recording_budgets(monkeypatch, limit=token_budget(words))
+    monkeypatch.setattr(ModelSummarizer, "_summary", lambda self, doc: doc)
+    summarizer.summarize_documents([(text, "long")])
+    assert set(budgets) == {token_budget(words)}  # the final summary's decode (asked again if unusable)
+    assert [n for n in notes if "asking for" in n] == [f"long: its notes have {words} words; asking for at most {words}"]

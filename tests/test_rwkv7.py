@@ -25,7 +25,6 @@ from unittest import mock
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 
 from summarize.engine import ModelNotAvailable, NonFiniteStateError, load_model
 from summarize.engine.ops.rwkv7_wkv import (
@@ -36,11 +35,11 @@ from summarize.engine.ops.rwkv7_wkv import (
     naive_recurrent_rwkv7,
     recurrent_step_rwkv7,
 )
-from summarize.engine.rwkv7 import RWKV7Model, hf_name
+from summarize.engine.rwkv7 import RWKV7Model
 from summarize.errors import SummarizeError
 from summarize.text import count_words
 from tiny_models import RWKV_TINY as TINY
-from tiny_models import blinkdl_checkpoint
+from tiny_models import blinkdl_checkpoint, hf_layout
 
 REL_TOL = 1e-5
 VOCAB = TINY["vocab"]
@@ -241,23 +240,6 @@ def test_nan_in_a_state_names_the_layer(model):
 
 
 # -- loading ------------------------------------------------------------------------------------
-
-
-def hf_layout(checkpoint: Path, folder: Path) -> Path:
-    """The same weights as flash-linear-attention lays them out (config.json + safetensors)."""
-    folder.mkdir()
-    tensors = {}
-    for name, tensor in torch.load(checkpoint, weights_only=True).items():
-        if name in ("blocks.0.att.v0", "blocks.0.att.v1", "blocks.0.att.v2"):
-            continue  # flash-linear-attention's layer 0 has no value-residual LoRA
-        stored, transposed = hf_name(name)
-        tensor = tensor.t() if transposed else tensor
-        if tensor.dim() == 3 and ".attn.x_" not in stored:
-            tensor = tensor.reshape(-1)  # [1, 1, C] -> [C], except the time-mix mixing vectors
-        tensors[stored] = tensor.contiguous()
-    save_file(tensors, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps({"model_type": "rwkv7", "norm_eps": 1e-5}))
-    return folder
 
 
 def test_hugging_face_layout_gives_the_same_logits(tmp_path):

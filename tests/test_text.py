@@ -1,12 +1,13 @@
 """Words and sentences: how the summarizer counts and where it cuts."""
 
 import re
+import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from summarize.text import count_words, sentence_spans, split_sentences, trim_to_words
+from summarize.text import count_words, sentence_spans, split_clauses, split_sentences, trim_to_words
 
 # --- count_words -----------------------------------------------------------------------------
 
@@ -162,6 +163,51 @@ def test_segmentation_loses_nothing(text):
     assert sum(count_words(s) for s in sentences) == count_words(text)
     spans = sentence_spans(text)
     assert all(e0 <= s1 for (_, e0), (s1, _) in zip(spans, spans[1:]))
+
+
+def test_runs_of_terminators_and_initials_split_in_linear_time():
+    # Each was quadratic in its length: every start inside "!!!!x" was tried to the end of the
+    # run, and every initial sliced the sentence from its start. 100k characters took minutes.
+    n = 100_000
+    started = time.perf_counter()
+    assert split_sentences("!" * n + "x") == ["!" * n + "x"]
+    assert len(split_sentences("J. Smith " * (n // 9))) == 1
+    assert split_sentences("Wow!!! " + "?" * n + "x. End.") == ["Wow!!!", "?" * n + "x.", "End."]
+    assert time.perf_counter() - started < 5.0  # well under 0.1 s now; the quadratic forms took minutes
+
+
+# --- split_clauses ---------------------------------------------------------------------------
+
+
+def test_split_clauses_prefers_clause_punctuation():
+    text = "one two three four five six, seven eight nine ten; eleven twelve"
+    segments = [text[s:e] for s, e in split_clauses(text, 0, len(text), 8)]
+    # A cut between words would give "one ... eight" and "nine ... twelve".
+    assert segments == ["one two three four five six,", "seven eight nine ten; eleven twelve"]
+
+
+def test_split_clauses_cuts_between_words_without_punctuation():
+    text = " ".join(f"w{i}" for i in range(25))
+    segments = [text[s:e] for s, e in split_clauses(text, 0, len(text), 10)]
+    assert [len(s.split()) for s in segments] == [10, 10, 5]
+    assert " ".join(segments) == text
+
+
+def test_split_clauses_cuts_cjk_between_characters():
+    text = "这是一个没有句号的很长的句子，" * 6  # 14 characters and a comma, six times
+    segments = [text[s:e] for s, e in split_clauses(text, 0, len(text), 20)]
+    assert "".join(segments) == text
+    assert all(count_words(s) <= 20 for s in segments)
+    assert all(s.endswith("，") for s in segments)  # each at a comma, none at a stub
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_PIECES | st.sampled_from([",", "，", "；", "你好", "word,"]), max_size=60).map(" ".join), st.integers(1, 12))
+def test_split_clauses_loses_nothing_and_fits(text, max_words):
+    segments = [text[s:e] for s, e in split_clauses(text, 0, len(text), max_words)]
+    assert all(s and s == s.strip() for s in segments)
+    assert re.sub(r"\s", "", "".join(segments)) == re.sub(r"\s", "", text)
+    assert all(count_words(s) <= max_words for s in segments)
 
 
 # --- trim_to_words ---------------------------------------------------------------------------

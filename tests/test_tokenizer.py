@@ -18,8 +18,10 @@ from summarize.engine.tokenizer import (
     chat_prefix_ids,
     chat_prompt_ids,
     chat_suffix_ids,
+    load_hub_tokenizer,
     load_stop_ids,
 )
+from summarize.errors import SummarizeError
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER_CANDIDATES = [
@@ -237,3 +239,34 @@ def test_non_special_added_tokens_are_still_plain_text():
     # decode skips only what the file calls special.
     assert tok.decode([ord("x"), think, im_end]) == "x<think>"
     assert tok.decode([ord("x"), think, im_end], skip_special_tokens=False) == "x<think><|im_end|>"
+
+
+# -- broken files are one line naming the file --------------------------------------------------
+
+
+@pytest.mark.parametrize("content", [b"{not json", b'{"model": 1}', b"\xff\xfe\x00", b"[]"],
+                         ids=["not-json", "no-model", "not-utf8", "list"])
+def test_a_broken_tokenizer_json_is_named(tmp_path, content):
+    path = tmp_path / "tokenizer.json"
+    path.write_bytes(content)
+    for load in (lambda: Tokenizer.from_file(path), lambda: load_hub_tokenizer(tmp_path)):
+        with pytest.raises(SummarizeError) as excinfo:
+            load()
+        message = str(excinfo.value)
+        assert str(path) in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize("name", ["generation_config.json", "config.json"])
+@pytest.mark.parametrize("content, why", [
+    (b"{not json", "not valid JSON"),
+    (b"[248046]", "not a JSON object"),
+    (b'{"eos_token_id": "</s>"}', "eos_token_id"),
+    (b'{"eos_token_id": [1, null]}', "eos_token_id"),
+    (b'{"text_config": {"eos_token_id": {"id": 1}}}', "eos_token_id"),
+], ids=["not-json", "list", "string-id", "null-in-list", "object-id"])
+def test_a_broken_config_for_stop_ids_is_named(tmp_path, name, content, why):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(SummarizeError, match=why) as excinfo:
+        load_stop_ids(tmp_path)
+    assert str(path) in str(excinfo.value) and "\n" not in str(excinfo.value)

@@ -160,3 +160,24 @@ def blinkdl_checkpoint(path: Path, *, vocab: int, hidden: int, layers: int, head
     z |= extra or {}
     torch.save(z, path)
     return path
+
+
+def hf_layout(checkpoint: Path, folder: Path) -> Path:
+    """The same weights as flash-linear-attention lays them out (config.json + safetensors)."""
+    from safetensors.torch import save_file
+
+    from summarize.engine.rwkv7 import hf_name
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for name, tensor in torch.load(checkpoint, weights_only=True).items():
+        if name in ("blocks.0.att.v0", "blocks.0.att.v1", "blocks.0.att.v2"):
+            continue  # flash-linear-attention's layer 0 has no value-residual LoRA
+        stored, transposed = hf_name(name)
+        tensor = tensor.t() if transposed else tensor
+        if tensor.dim() == 3 and ".attn.x_" not in stored:
+            tensor = tensor.reshape(-1)  # [1, 1, C] -> [C], except the time-mix mixing vectors
+        tensors[stored] = tensor.contiguous()
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"model_type": "rwkv7", "norm_eps": 1e-5}))
+    return folder

@@ -10,6 +10,7 @@ memory-mapped with `weights_only=True`, which never runs code from the file.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -64,12 +65,23 @@ def resolve_source(source: str | os.PathLike) -> Path:
 
 
 def read_config(folder: Path) -> dict:
+    """config.json as a dict (a file that is not a JSON object is a one-line error naming it)."""
+    path = folder / "config.json"
     try:
-        return json.loads((folder / "config.json").read_text())
+        config = json.loads(path.read_bytes())
     except FileNotFoundError:
         raise ModelNotAvailable(f"{folder}: no config.json") from None
     except json.JSONDecodeError as exc:
-        raise SummarizeError(f"{folder / 'config.json'}: not valid JSON ({exc.msg})") from None
+        raise SummarizeError(f"{path}: not valid JSON ({exc.msg})") from None
+    except (UnicodeDecodeError, RecursionError):  # bytes that are no text; nesting too deep to parse
+        raise SummarizeError(f"{path}: not valid JSON") from None
+    except OSError as exc:  # a folder of that name, no permission
+        raise SummarizeError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if not isinstance(config, dict):
+        raise SummarizeError(f"{path}: not a JSON object of settings (a {type(config).__name__})")
+    if config.get("text_config") is not None and not isinstance(config["text_config"], dict):
+        raise SummarizeError(f"{path}: text_config is not an object (a {type(config['text_config']).__name__})")
+    return config
 
 
 SAFETENSORS_DTYPES = {
@@ -79,12 +91,19 @@ SAFETENSORS_DTYPES = {
 }
 
 
+# safetensors' own limit on a header (its JSON): a longer one is a corrupt or hostile file
+MAX_HEADER_BYTES = 100_000_000
+HEADER_LENGTH_BYTES = 8  # a file opens with its header's length, little-endian u64
+
+
 class Checkpoint:
     """The tensors of a folder's safetensors files, by name, read one at a time.
 
     Each tensor is read with plain file reads straight into memory of its own, not through a
     memory map: a mapped file's pages would stay in the process's resident memory beside the
-    converted weights, and peak memory would be two copies instead of one.
+    converted weights, and peak memory would be two copies instead of one. Every header is
+    checked against its file when the folder is opened (its length, each tensor's shape, dtype
+    and byte range), so a corrupt file is a one-line error naming it, never a huge allocation.
     """
 
     def __init__(self, folder: Path) -> None:
@@ -94,15 +113,12 @@ class Checkpoint:
         self.folder = folder
         self._where: dict[str, tuple[Path, dict, int]] = {}  # name -> (file, entry, data start)
         for file in files:
-            with open(file, "rb") as f:
-                try:
-                    size = int.from_bytes(f.read(8), "little")
-                    header = json.loads(f.read(size))
-                except (ValueError, UnicodeDecodeError) as exc:
-                    raise SummarizeError(f"{file}: not a safetensors file ({exc})") from None
+            header, data_start = _read_header(file)
+            data_bytes = file.stat().st_size - data_start
             for name, entry in header.items():
                 if name != "__metadata__":
-                    self._where[name] = (file, entry, 8 + size)
+                    _check_entry(file, name, entry, data_bytes)
+                    self._where[name] = (file, entry, data_start)
 
     def __contains__(self, name: str) -> bool:
         return name in self._where
@@ -121,12 +137,63 @@ class Checkpoint:
         if dtype is None:
             raise SummarizeError(f"{file}: tensor {name} has unsupported dtype {entry['dtype']}")
         begin, end = entry["data_offsets"]
-        raw = torch.empty(end - begin, dtype=torch.uint8)
+        # A bytearray that the tensor then shares (torch.frombuffer copies nothing): one copy of
+        # the bytes, and no numpy, which is not among our dependencies.
+        raw = bytearray(end - begin)
         with open(file, "rb") as f:
             f.seek(data_start + begin)
-            if f.readinto(raw.numpy()) != end - begin:
+            if f.readinto(raw) != end - begin:
                 raise SummarizeError(f"{file}: truncated; tensor {name} is incomplete")
-        return raw.view(dtype).reshape(entry["shape"])
+        if not raw:  # frombuffer refuses an empty buffer
+            return torch.empty(entry["shape"], dtype=dtype)
+        return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(entry["shape"])
+
+
+def _read_header(file: Path) -> tuple[dict, int]:
+    """A safetensors file's header (its JSON object) and where its data starts, checked against
+    the file's size before anything of that size is read."""
+    try:
+        with open(file, "rb") as f:
+            length = int.from_bytes(f.read(HEADER_LENGTH_BYTES), "little")
+            file_bytes = os.fstat(f.fileno()).st_size
+            if file_bytes < HEADER_LENGTH_BYTES:
+                raise SummarizeError(f"{file}: not a safetensors file ({file_bytes} bytes)")
+            if length > min(MAX_HEADER_BYTES, file_bytes - HEADER_LENGTH_BYTES):
+                raise SummarizeError(
+                    f"{file}: not a safetensors file (its header claims {length:,} bytes; the file has {file_bytes:,})"
+                )
+            header = json.loads(f.read(length))
+    except OSError as exc:
+        raise SummarizeError(f"{file}: cannot be read ({exc.strerror or exc})") from None
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep
+        raise SummarizeError(f"{file}: not a safetensors file ({type(exc).__name__}: header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise SummarizeError(f"{file}: not a safetensors file (its header is not a JSON object)")
+    return header, HEADER_LENGTH_BYTES + length
+
+
+def _check_entry(file: Path, name: str, entry, data_bytes: int) -> None:
+    """One header entry: a known layout, and bytes that lie inside the file and fit its shape."""
+    if not isinstance(entry, dict):
+        raise SummarizeError(f"{file}: not a safetensors file (the entry of {name} is not an object)")
+    shape, offsets, dtype_name = entry.get("shape"), entry.get("data_offsets"), entry.get("dtype")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise SummarizeError(f"{file}: tensor {name} has no valid shape ({shape!r})")
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]):
+        raise SummarizeError(f"{file}: tensor {name} has no valid data_offsets ({offsets!r})")
+    if not isinstance(dtype_name, str):
+        raise SummarizeError(f"{file}: tensor {name} has no valid dtype ({dtype_name!r})")
+    if offsets[1] > data_bytes:
+        raise SummarizeError(
+            f"{file}: truncated or corrupt; tensor {name} ends at byte {offsets[1]:,} of data, the file holds {data_bytes:,}"
+        )
+    dtype = SAFETENSORS_DTYPES.get(dtype_name)  # an unknown dtype is said if the tensor is ever read
+    if dtype is not None and offsets[1] - offsets[0] != math.prod(shape) * dtype.itemsize:
+        raise SummarizeError(
+            f"{file}: tensor {name} has {offsets[1] - offsets[0]:,} bytes; {dtype_name} {tuple(shape)} needs "
+            f"{math.prod(shape) * dtype.itemsize:,}"
+        )
 
 
 class TorchCheckpoint:
@@ -190,7 +257,7 @@ def load_model(
         return model
     folder = resolve_source(source)
     config = read_config(folder)
-    model_type = config.get("model_type") or config.get("text_config", {}).get("model_type")
+    model_type = config.get("model_type") or (config.get("text_config") or {}).get("model_type")
     family = family_for_model_type(model_type)
     if family is None:
         raise SummarizeError(f"{folder}: unsupported model_type {model_type!r} (supported: {', '.join(supported_model_types())})")

@@ -62,38 +62,74 @@ class Qwen35Config:
     shared_expert_intermediate_size: int = 0
 
     @classmethod
-    def from_dict(cls, config: dict) -> Qwen35Config:
-        """Read a checkpoint's config.json (text config at top level or under `text_config`)."""
-        text = config.get("text_config", config)
+    def from_dict(cls, config: dict, where: str = "config.json") -> Qwen35Config:
+        """Read a checkpoint's config.json (text config at top level or under `text_config`).
+
+        A missing or ill-typed setting is a one-line SummarizeError naming `where` and the key.
+        """
+        if not isinstance(config, dict):
+            raise SummarizeError(f"{where}: not a JSON object of settings (a {type(config).__name__})")
+        text = config.get("text_config")
+        text = config if text is None else text
+        if not isinstance(text, dict):
+            raise SummarizeError(f"{where}: text_config is not an object (a {type(text).__name__})")
+        prefix = "text_config." if text is not config else ""
         rope = text.get("rope_parameters") or {}
-        num_layers = text["num_hidden_layers"]
+        if not isinstance(rope, dict):
+            raise SummarizeError(f"{where}: {prefix}rope_parameters is not an object")
+        required = object()
+
+        def setting(key: str, default, sources=(text,)):
+            value = next((s[key] for s in sources if s.get(key) is not None), None)  # null reads as absent
+            if value is None and default is required:
+                raise SummarizeError(f"{where}: no {prefix}{key}; not a Qwen3.5 config")
+            return (default, False) if value is None else (value, True)
+
+        def size(key: str, default=required, minimum: int = 1) -> int:
+            value, given = setting(key, default)
+            if given and (type(value) is not int or value < minimum):
+                raise SummarizeError(f"{where}: {prefix}{key} must be an integer of at least {minimum}, not {value!r}")
+            return value
+
+        def number(key: str, default: float, sources=(text,)) -> float:
+            value, given = setting(key, default, sources)
+            if given and (type(value) not in (int, float) or not value > 0):
+                raise SummarizeError(f"{where}: {prefix}{key} must be a positive number, not {value!r}")
+            return value
+
+        num_layers, hidden_size, num_heads = size("num_hidden_layers"), size("hidden_size"), size("num_attention_heads")
+        interval = size("full_attention_interval", 4)
         layer_types = text.get("layer_types") or [
-            "full_attention" if (i + 1) % text.get("full_attention_interval", 4) == 0 else "linear_attention"
-            for i in range(num_layers)
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)
         ]
-        head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+        if (not isinstance(layer_types, list) or len(layer_types) < num_layers
+                or not all(kind in ("linear_attention", "full_attention") for kind in layer_types[:num_layers])):
+            raise SummarizeError(f"{where}: {prefix}layer_types must name {num_layers} layers, "
+                                 "each linear_attention or full_attention")
+        num_experts = size("num_experts", 0, minimum=0)
         tie = config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
         return cls(
-            vocab_size=text["vocab_size"],
-            hidden_size=text["hidden_size"],
+            vocab_size=size("vocab_size"),
+            hidden_size=hidden_size,
             layer_types=tuple(layer_types[:num_layers]),
-            rms_norm_eps=text.get("rms_norm_eps", 1e-6),
+            rms_norm_eps=number("rms_norm_eps", 1e-6),
             tie_word_embeddings=bool(tie),
-            num_attention_heads=text["num_attention_heads"],
-            num_key_value_heads=text["num_key_value_heads"],
-            head_dim=head_dim,
-            rope_theta=rope.get("rope_theta", text.get("rope_theta", 10_000_000)),
-            partial_rotary_factor=rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25)),
-            linear_num_key_heads=text["linear_num_key_heads"],
-            linear_num_value_heads=text["linear_num_value_heads"],
-            linear_key_head_dim=text["linear_key_head_dim"],
-            linear_value_head_dim=text["linear_value_head_dim"],
-            linear_conv_kernel_dim=text.get("linear_conv_kernel_dim", 4),
-            intermediate_size=text.get("intermediate_size"),
-            num_experts=text.get("num_experts", 0) or 0,
-            num_experts_per_tok=text.get("num_experts_per_tok", 0) or 0,
-            moe_intermediate_size=text.get("moe_intermediate_size", 0) or 0,
-            shared_expert_intermediate_size=text.get("shared_expert_intermediate_size", 0) or 0,
+            num_attention_heads=num_heads,
+            num_key_value_heads=size("num_key_value_heads"),
+            head_dim=size("head_dim", hidden_size // num_heads),
+            rope_theta=number("rope_theta", 10_000_000, sources=(rope, text)),
+            partial_rotary_factor=number("partial_rotary_factor", 0.25, sources=(rope, text)),
+            linear_num_key_heads=size("linear_num_key_heads"),
+            linear_num_value_heads=size("linear_num_value_heads"),
+            linear_key_head_dim=size("linear_key_head_dim"),
+            linear_value_head_dim=size("linear_value_head_dim"),
+            linear_conv_kernel_dim=size("linear_conv_kernel_dim", 4),
+            # a dense model needs its MLP width; an MoE model's experts have their own
+            intermediate_size=size("intermediate_size", None if num_experts else required),
+            num_experts=num_experts,
+            num_experts_per_tok=size("num_experts_per_tok", 0, minimum=0),
+            moe_intermediate_size=size("moe_intermediate_size", 0, minimum=0),
+            shared_expert_intermediate_size=size("shared_expert_intermediate_size", 0, minimum=0),
         )
 
     @property
@@ -502,7 +538,7 @@ FP32_TENSORS = ("A_log", "dt_bias")  # decay parameters stay fp32 whatever the w
 
 def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype, quantize: str | None = None) -> Qwen35Model:
     """Build the model from a `Checkpoint`, checking every tensor's name and shape on the way."""
-    cfg = Qwen35Config.from_dict(config)
+    cfg = Qwen35Config.from_dict(config, where=str(checkpoint.folder / "config.json"))
     prefix = next((p for p in TEXT_PREFIXES if p + "embed_tokens.weight" in checkpoint), None)
     if prefix is None:
         raise SummarizeError(f"{checkpoint.folder}: no embed_tokens.weight; not a Qwen3.5 checkpoint")

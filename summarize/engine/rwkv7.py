@@ -65,14 +65,35 @@ class RWKV7Config:
         return self.hidden_size // self.head_size
 
     @classmethod
-    def from_shapes(cls, shape: Callable[[str], tuple[int, ...] | None], config: dict) -> RWKV7Config:
-        """Read every size from tensor shapes (BlinkDL names); eps values from config.json if any."""
-        vocab, hidden = shape("emb.weight")
+    def from_shapes(cls, shape: Callable[[str], tuple[int, ...] | None], config: dict, where: str = "the checkpoint") -> RWKV7Config:
+        """Read every size from tensor shapes (BlinkDL names); eps values from config.json if any.
+
+        `where` (the checkpoint's folder or file) is named in the one-line SummarizeError that a
+        missing or misshaped sizing tensor, or an ill-typed config.json setting, gives.
+        """
+        if not isinstance(config, dict):
+            raise SummarizeError(f"{where}/config.json: not a JSON object of settings (a {type(config).__name__})")
+
+        def dims(name: str, rank: int) -> tuple[int, ...]:
+            found = shape(name)
+            if found is None:
+                raise SummarizeError(f"{where}: checkpoint lacks tensor {name}; not an RWKV-7 (x070) checkpoint")
+            if len(found) != rank or not all(found):
+                raise SummarizeError(f"{where}: tensor {name} has shape {tuple(found)}, expected {rank} non-zero sizes")
+            return found
+
+        vocab, hidden = dims("emb.weight", 2)
         layers = 0
         while shape(f"blocks.{layers}.ln1.weight") is not None:
             layers += 1
-        heads, head_size = shape("blocks.0.att.r_k")
-        eps = config.get("norm_eps", LAYER_NORM_EPS)
+        heads, head_size = dims("blocks.0.att.r_k", 2)
+        if heads * head_size != hidden:
+            raise SummarizeError(f"{where}: blocks.0.att.r_k has {heads} heads of {head_size}; the embedding has {hidden} channels")
+        eps = config.get("norm_eps")
+        if eps is None:
+            eps = LAYER_NORM_EPS
+        elif type(eps) not in (int, float) or not eps > 0:
+            raise SummarizeError(f"{where}/config.json: norm_eps must be a positive number, not {eps!r}")
         # BlinkDL fixes ln_x's eps; the Hugging Face layout's models use head_size x norm_eps (equal at 64)
         group_eps = head_size * eps if config.get("model_type") in MODEL_TYPES else GROUP_NORM_EPS
         v1 = shape("blocks.1.att.v1")
@@ -81,11 +102,11 @@ class RWKV7Config:
             hidden_size=hidden,
             num_layers=layers,
             head_size=head_size,
-            decay_rank=shape("blocks.0.att.w1")[1],
-            iclr_rank=shape("blocks.0.att.a1")[1],
-            value_rank=v1[1] if v1 is not None else 0,
-            gate_rank=shape("blocks.0.att.g1")[1],
-            ffn_size=shape("blocks.0.ffn.key.weight")[0],
+            decay_rank=dims("blocks.0.att.w1", 2)[1],
+            iclr_rank=dims("blocks.0.att.a1", 2)[1],
+            value_rank=dims("blocks.1.att.v1", 2)[1] if v1 is not None else 0,
+            gate_rank=dims("blocks.0.att.g1", 2)[1],
+            ffn_size=dims("blocks.0.ffn.key.weight", 2)[0],
             layer_norm_eps=eps,
             group_norm_eps=group_eps,
         )
@@ -359,7 +380,7 @@ def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype,
 
     if shape("blocks.0.att.r_k") is None:
         raise SummarizeError(f"{checkpoint.folder}: no blocks.0.att.r_k; not an RWKV-7 (x070) checkpoint")
-    cfg = RWKV7Config.from_shapes(shape, config)
+    cfg = RWKV7Config.from_shapes(shape, config, where=str(checkpoint.folder))
     shapes = checkpoint_shapes(cfg)
     used: set[str] = set()
 

@@ -23,11 +23,17 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
 
+from summarize.errors import SummarizeError
+
 VOCAB_FILE = Path(__file__).resolve().parents[1] / "data" / "rwkv_vocab_v20230424.txt"
 END_OF_TEXT = 0  # the id that ends a document; it has no bytes
 STOP_TEXTS = ("\n\nUser:",)  # the model opening the next chat round: its answer is complete
 _BLANK_LINES = re.compile(r"\n\s*\n")
 _ID = -1  # key of a trie node that holds the id of the token ending there (bytes keys are 0..255)
+
+
+class VocabularyError(SummarizeError, ValueError):
+    """A vocabulary file that cannot be read or lacks tokens; the message names the file."""
 
 
 class RwkvTokenizer:
@@ -37,6 +43,8 @@ class RwkvTokenizer:
     stop_texts = STOP_TEXTS
 
     def __init__(self, tokens: dict[int, bytes]) -> None:
+        if not tokens:
+            raise VocabularyError("the vocabulary has no tokens")
         self._bytes = tokens
         self._vocab_size = max(tokens) + 1
         # A byte trie of dicts: node[byte] -> child node, node[_ID] -> id of the token ending here.
@@ -48,14 +56,18 @@ class RwkvTokenizer:
             node[_ID] = token_id
         missing = [byte for byte in range(256) if _ID not in root.get(byte, {})]
         if missing:
-            raise ValueError(f"the vocabulary lacks single-byte tokens {missing[:5]}; some texts could not be encoded")
+            raise VocabularyError(f"the vocabulary lacks single-byte tokens {missing[:5]}; some texts could not be encoded")
         self._root = root
 
     @classmethod
     def from_file(cls, path: str | Path) -> RwkvTokenizer:
         """Read a vocabulary file: lines `<id> <Python str or bytes literal> <byte length>`."""
         tokens: dict[int, bytes] = {}
-        for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise VocabularyError(f"{path}: not a readable vocabulary ({getattr(exc, 'strerror', None) or exc})") from None
+        for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
@@ -63,12 +75,15 @@ class RwkvTokenizer:
                 literal = ast.literal_eval(line[line.index(" ") : line.rindex(" ")].strip())
                 length = int(line[line.rindex(" ") :])
             except (ValueError, SyntaxError) as exc:
-                raise ValueError(f"{path}:{number}: not a vocabulary line ({exc})") from None
+                raise VocabularyError(f"{path}:{number}: not a vocabulary line ({exc})") from None
             data = literal.encode("utf-8") if isinstance(literal, str) else literal
             if not isinstance(data, bytes) or len(data) != length:
-                raise ValueError(f"{path}:{number}: token {token_id} does not have the {length} bytes it claims")
+                raise VocabularyError(f"{path}:{number}: token {token_id} does not have the {length} bytes it claims")
             tokens[token_id] = data
-        return cls(tokens)
+        try:
+            return cls(tokens)
+        except VocabularyError as exc:
+            raise VocabularyError(f"{path}: {exc}") from None
 
     @classmethod
     def default(cls) -> RwkvTokenizer:

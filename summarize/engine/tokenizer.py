@@ -59,8 +59,13 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, path: str | Path) -> Tokenizer:
-        """Load a Hugging Face `tokenizer.json`."""
-        return cls(tokenizers.Tokenizer.from_file(str(path)))
+        """Load a Hugging Face `tokenizer.json`; a file it cannot read is a one-line error naming it."""
+        try:
+            raw = tokenizers.Tokenizer.from_file(str(path))
+        except Exception as exc:  # the library raises a bare Exception for any bad file
+            why = next(iter(str(exc).splitlines()), "") or type(exc).__name__
+            raise SummarizeError(f"{path}: not a readable tokenizer.json ({why})") from None
+        return cls(raw)
 
     @property
     def vocab_size(self) -> int:
@@ -215,13 +220,27 @@ def chat_suffix_ids(tokenizer: Tokenizer, document_chunk: str, question: str = "
 # ---------------------------------------------------------------------------------------------
 
 
-def _eos_ids(config: dict) -> set[int]:
+def _eos_ids(config: dict, path: Path) -> set[int]:
     value = config.get("eos_token_id")
     if value is None:
         return set()
-    if isinstance(value, int):
-        return {value}
-    return {int(v) for v in value}
+    values = value if isinstance(value, list) else [value]
+    if not all(type(v) is int and v >= 0 for v in values):
+        raise SummarizeError(f"{path}: eos_token_id must be a token id or a list of them, not {value!r}")
+    return set(values)
+
+
+def _json_object(path: Path) -> dict:
+    """A JSON file that must hold an object; anything else is a one-line error naming it."""
+    try:
+        config = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep
+        raise SummarizeError(f"{path}: not valid JSON ({getattr(exc, 'msg', type(exc).__name__)})") from None
+    except OSError as exc:
+        raise SummarizeError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if not isinstance(config, dict):
+        raise SummarizeError(f"{path}: not a JSON object of settings (a {type(config).__name__})")
+    return config
 
 
 def load_stop_ids(model_dir: str | Path, tokenizer: Tokenizer | None = None) -> frozenset[int]:
@@ -238,10 +257,10 @@ def load_stop_ids(model_dir: str | Path, tokenizer: Tokenizer | None = None) -> 
         path = model_dir / name
         if not path.is_file():
             continue
-        config = json.loads(path.read_text(encoding="utf-8"))
-        ids |= _eos_ids(config)
+        config = _json_object(path)
+        ids |= _eos_ids(config, path)
         if isinstance(config.get("text_config"), dict):
-            ids |= _eos_ids(config["text_config"])
+            ids |= _eos_ids(config["text_config"], path)
     if tokenizer is None and (model_dir / "tokenizer.json").is_file():
         tokenizer = Tokenizer.from_file(model_dir / "tokenizer.json")
     if tokenizer is not None:

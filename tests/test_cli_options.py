@@ -1,0 +1,122 @@
+"""Options checked before any work: chunk sizes within sane bounds, a --device that this torch
+has. Each bad value is one line and exit 2; torch is imported only to check a device."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from summarize import cli
+from summarize.types import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, MAX_CHUNK_TOKENS, MIN_CHUNK_TOKENS
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = ("Bees visit flowers to collect nectar and pollen. Pollen sticks to their bodies and travels "
+        "to the next flower. Many crops depend on this service for a good harvest.\n")
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli.app, list(args))
+
+
+def assert_usage_error(result, option: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and option in lines[0], result.stderr
+    assert result.stdout == ""
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    path = tmp_path / "a.txt"
+    path.write_text(TEXT)
+    return path
+
+
+# --- chunk size and overlap ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "option"), [
+    (["--chunk-tokens", "1"], "--chunk-tokens"),
+    (["--chunk-tokens", str(MIN_CHUNK_TOKENS - 1)], "--chunk-tokens"),
+    (["--chunk-tokens", str(MAX_CHUNK_TOKENS + 1)], "--chunk-tokens"),
+    (["--chunk-tokens", "256", "--overlap", "65"], "--overlap"),  # more than a quarter
+    (["--overlap", str(DEFAULT_CHUNK_TOKENS // 4 + 1)], "--overlap"),  # of the default chunk
+])
+def test_chunk_sizes_outside_their_bounds_are_usage_errors(source: Path, args: list[str], option: str):
+    assert_usage_error(invoke(str(source), *args, "--extractive"), option)
+
+
+@pytest.mark.parametrize("args", [
+    ["--chunk-tokens", str(MIN_CHUNK_TOKENS), "--overlap", str(MIN_CHUNK_TOKENS // 4)],
+    ["--chunk-tokens", str(MAX_CHUNK_TOKENS), "--overlap", "0"],
+    ["--overlap", str(DEFAULT_CHUNK_TOKENS // 4)],
+])
+def test_chunk_sizes_at_their_bounds_are_accepted(source: Path, args: list[str]):
+    result = invoke(str(source), *args, "--extractive", "-n", "40")
+    assert result.exit_code == 0, result.output
+
+
+def test_help_states_the_bounds():
+    text = " ".join(invoke("--help").stdout.replace("│", " ").split())  # unwrapped, out of rich's panel
+    assert f"{MIN_CHUNK_TOKENS} to {MAX_CHUNK_TOKENS}" in text
+    assert "at most a quarter of --chunk-tokens" in text
+
+
+def test_the_cli_defaults_agree_with_the_model_summarizer():
+    from summarize import model_summarizer
+
+    assert (model_summarizer.DEFAULT_CHUNK_TOKENS, model_summarizer.DEFAULT_OVERLAP) == (
+        DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP)
+
+
+# --- the device ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", ["bogus", "cuda:x", "tpu"])
+def test_a_device_torch_does_not_know_is_a_usage_error(source: Path, device: str):
+    assert_usage_error(invoke(str(source), "--device", device), "--device")
+
+
+def test_cuda_without_cuda_is_a_usage_error(monkeypatch, source: Path):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert_usage_error(invoke(str(source), "--device", "cuda"), "--device")
+
+
+def test_a_cuda_index_past_the_last_device_is_a_usage_error(monkeypatch, source: Path):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert_usage_error(invoke(str(source), "--device", "cuda:2"), "--device")
+
+
+def test_the_device_comes_from_the_environment_too(source: Path):
+    result = CliRunner().invoke(cli.app, [str(source)], env={"SUMMARIZE_DEVICE": "bogus"})
+    assert_usage_error(result, "--device")
+
+
+TORCH_IMPORTED = """
+import sys
+from typer.testing import CliRunner
+from summarize import cli
+result = CliRunner().invoke(cli.app, sys.argv[1:])
+print(result.exit_code, "torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(("args", "code"), [
+    (["--help"], 0),
+    (["--device", "bogus", "--extractive"], 0),  # no model: the device is moot, and not checked
+])
+def test_torch_is_not_imported_without_a_device_to_check(source: Path, args: list[str], code: int):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", TORCH_IMPORTED, str(source), *args], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=120)
+    assert proc.stdout.split() == [str(code), "False"], proc.stderr
