@@ -47,6 +47,32 @@ def test_weights_load_without_numpy(tmp_path):
     assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
 
 
+STATE_WITHOUT_NUMPY = """
+import sys
+sys.modules["numpy"] = None
+import torch
+from summarize.engine import load_model
+
+folder, path = sys.argv[1:]
+model = load_model(folder, device="cpu", dtype=torch.float32)
+state = model.new_state(1)
+model.prefill(torch.arange(1, 12)[None], state)
+state.save(path)
+loaded = model.new_state(1)
+loaded.load(path)
+same = all(torch.equal(a, b) for x, y in zip(state.layers, loaded.layers) for a, b in zip(x.tensors().values(), y.tensors().values()))
+print(same and loaded.position == state.position == 11)
+"""
+
+
+def test_a_state_saves_and_loads_without_numpy(tmp_path):
+    folder = save_checkpoint(dense_reference(), tmp_path / "model")
+    proc = subprocess.run([sys.executable, "-c", STATE_WITHOUT_NUMPY, str(folder), str(tmp_path / "state.safetensors")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-1] == "True"
+
+
 def _dependencies() -> tuple[set[str], set[str]]:
     """Module names of pyproject's dependencies, and of its optional extras other than `test`."""
     tomllib = pytest.importorskip("tomllib")

@@ -20,6 +20,7 @@ from summarize.engine.compiled import compile_steps, wanted
 from summarize.engine.family import Family
 from summarize.engine.memory import bound_kernel_caches, release_free_memory
 from summarize.engine.registry import FAMILIES, family_for_file, family_for_model_type, family_named, supported_model_types
+from summarize.engine.safetensors_file import HEADER_LENGTH_BYTES, MAX_HEADER_BYTES, SAFETENSORS_DTYPES
 from summarize.errors import SummarizeError
 
 QUANTIZE_MODES = (None, "int8")
@@ -82,18 +83,6 @@ def read_config(folder: Path) -> dict:
     if config.get("text_config") is not None and not isinstance(config["text_config"], dict):
         raise SummarizeError(f"{path}: text_config is not an object (a {type(config['text_config']).__name__})")
     return config
-
-
-SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-
-
-# safetensors' own limit on a header (its JSON): a longer one is a corrupt or hostile file
-MAX_HEADER_BYTES = 100_000_000
-HEADER_LENGTH_BYTES = 8  # a file opens with its header's length, little-endian u64
 
 
 class Checkpoint:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
+from summarize.engine import safetensors_file
 from summarize.errors import SummarizeError
 
 KV_GROWTH_TOKENS = 256  # a KV cache grows by at least this many positions at a time
@@ -292,7 +292,7 @@ class State:
         for i, layer in enumerate(self.layers):
             for name, tensor in layer.tensors().items():
                 tensors[f"layers.{i}.{name}"] = tensor.contiguous()
-        save_file(tensors, str(path), metadata={"position": str(self.position)})
+        safetensors_file.write(path, tensors, metadata={"position": str(self.position)})
 
     def load(self, path: str | Path) -> None:
         """Load a state written by `save` into this one; the file must match these shapes."""
