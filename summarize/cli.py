@@ -20,7 +20,7 @@ import typer
 from typer.core import TyperCommand
 from typer.exceptions import TyperException
 
-from summarize import batch
+from summarize import __version__, batch
 from summarize.errors import SummarizeError
 from summarize.types import (
     DEFAULT_CHUNK_TOKENS,
@@ -77,6 +77,12 @@ class _OneLineErrors(TyperCommand):
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that the same cleanup runs on the way
     out (a half-written output's temporary file is removed)."""
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        typer.echo(f"summarize {__version__}")
+        raise typer.Exit(EXIT_OK)
 
 
 def _probability(p: float | None) -> float | None:
@@ -154,6 +160,8 @@ def summarize(
     pull: Annotated[bool, typer.Option(
         "--pull", help="Download the model (-m) into the local cache ahead of time, then exit.")
     ] = False,
+    version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_print_version, help="Print the version, then exit.")] = False,
 ) -> None:
     """Summarize documents: each INPUT's summary of about N words goes to stdout (or to -o).
 

@@ -1,0 +1,101 @@
+"""Summaries from Python: the CLI's settings as keyword arguments, with the same defaults.
+
+    from summarize import Summarizer, summarize_file, summarize_text
+    summary = summarize_file("report.pdf", words=300)       # loads the model, summarizes, closes
+    with Summarizer(words=100) as s:                         # the model loaded once for many calls
+        summaries = [s.summarize_file(path) for path in paths]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from summarize.errors import SummarizeError
+from summarize.input_text import extract_text
+from summarize.summarizer_factory import make_summarizer
+from summarize.types import ModelProgress, Result, Settings, Summary
+
+
+class _Notes:
+    """The `Reporter` of a library call: notes go to `notify` (or nowhere); nothing is drawn."""
+
+    shows_live_state = False
+
+    def __init__(self, notify: Callable[[str], None] | None) -> None:
+        self.notify = notify
+
+    def note(self, msg: str) -> None:
+        if self.notify is not None:
+            self.notify(msg)
+
+    def error(self, msg: str, *, exc: BaseException | None = None) -> None:
+        self.note(msg)
+
+    def file_started(self, name: str, i: int, n: int) -> None: ...
+
+    def file_finished(self, result: Result) -> None: ...
+
+    def results_table(self, results: Sequence[Result]) -> None: ...
+
+    def phase(self, progress: ModelProgress) -> None: ...
+
+    def span(self, progress: ModelProgress, report: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Summarizer:
+    """Loads the model once (on first use) and summarizes any number of texts and files.
+
+    Keyword arguments are `Settings`' fields, the CLI's options by their long names (`words`,
+    `model`, `device`, `dtype`, `quantize`, `chunk_tokens`, `overlap`, `strategy`, `extractive`,
+    `temperature`, `top_k`, `top_p`, `seed`, `diagnostics_file`, `password`). `notify` receives
+    the notes the CLI prints on stderr (a model that cannot be had, say). Failures raise
+    `SummarizeError` with the CLI's one-line message.
+    """
+
+    def __init__(self, *, notify: Callable[[str], None] | None = None, **settings: Any) -> None:
+        try:
+            self.settings = Settings(**settings)
+        except TypeError as exc:  # an unknown keyword: say which, as the CLI would for an option
+            raise SummarizeError(f"unknown setting: {exc}") from None
+        self._reporter = _Notes(notify)
+        self._summarizer = None
+
+    def summarize_text(self, text: str, *, name: str = "<text>") -> Summary:
+        if not text.strip():
+            raise SummarizeError(f"{name}: no text to summarize")
+        if self._summarizer is None:
+            self._summarizer = make_summarizer(self.settings, self._reporter)
+        return self._summarizer.summarize(text, name=name)
+
+    def summarize_file(self, path: str | Path) -> Summary:
+        """A PDF, text or Markdown file (or "-" for stdin), read as the CLI reads it."""
+        text = extract_text(path, password=self.settings.password, notify=self._reporter.note)
+        return self.summarize_text(text, name=str(path))
+
+    def close(self) -> None:
+        """Release the diagnostics file (the model goes with the object)."""
+        if self._summarizer is not None:
+            self._summarizer.close()
+
+    def __enter__(self) -> Summarizer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def summarize_text(text: str, *, name: str = "<text>", notify: Callable[[str], None] | None = None,
+                   **settings: Any) -> Summary:
+    """One text's summary (see `Summarizer` for the settings)."""
+    with Summarizer(notify=notify, **settings) as summarizer:
+        return summarizer.summarize_text(text, name=name)
+
+
+def summarize_file(path: str | Path, *, notify: Callable[[str], None] | None = None, **settings: Any) -> Summary:
+    """One file's summary (see `Summarizer` for the settings)."""
+    with Summarizer(notify=notify, **settings) as summarizer:
+        return summarizer.summarize_file(path)
