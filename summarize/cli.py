@@ -131,6 +131,9 @@ def summarize(
         help="map-reduce: read each chunk on its own, then merge the notes; "
              "stream: one pass with the state carried across the whole document.")
     ] = Strategy(DEFAULT_STRATEGY),
+    focus: Annotated[str | None, typer.Option(
+        envvar="SUMMARIZE_FOCUS", show_default=False,
+        help="What the summary should concentrate on, e.g. 'risks and costs' (model summaries).")] = None,
     extractive: Annotated[bool, typer.Option(
         "--extractive", help="Pick the document's key sentences; no model needed.")] = False,
     json_lines: Annotated[bool, typer.Option(
@@ -180,7 +183,7 @@ def summarize(
         raise typer.Exit(EXIT_USAGE)
     settings = Settings(
         words=words, model=model, device=device, dtype=dtype.value if dtype else None,
-        quantize=quantize.value if quantize else None, chunk_tokens=chunk_tokens, overlap=overlap, strategy=strategy.value,
+        quantize=quantize.value if quantize else None, focus=focus, chunk_tokens=chunk_tokens, overlap=overlap, strategy=strategy.value,
         extractive=extractive, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
         diagnostics_file=str(diagnostics_file) if diagnostics_file else None,
         password=password, verbose=verbose,

@@ -26,6 +26,7 @@ from summarize.prompts import (
     STREAM_INSTRUCTION,
     STREAM_QUESTION,
     clean_output,
+    focus_sentence,
 )
 from summarize.session import ModelSession
 from summarize.text import count_words, trim_to_words
@@ -81,6 +82,7 @@ class ModelSummarizer:
         session: ModelSession,
         *,
         words: int,
+        focus: str | None = None,
         strategy: str = MAP_REDUCE,
         chunk_tokens: int | None = None,
         overlap: int | None = None,
@@ -92,6 +94,7 @@ class ModelSummarizer:
     ) -> None:
         self.s = session
         self.words = words
+        self.focus = focus_sentence(focus)  # the instruction's sentence, "" without a focus
         self.strategy = strategy
         self.chunk_tokens = chunk_tokens or DEFAULT_CHUNK_TOKENS
         self.overlap = DEFAULT_OVERLAP if overlap is None else overlap
@@ -237,11 +240,11 @@ class ModelSummarizer:
             self.progress = doc.progress
             if len(doc.chunks) == 1:  # a document that fits one window is summarized directly
                 self._cap_words(doc, doc.chunks[0].text, "the document has")
-                text = SINGLE_INSTRUCTION.format(words=doc.words) + doc.chunks[0].text
+                text = SINGLE_INSTRUCTION.format(words=doc.words, focus=self.focus) + doc.chunks[0].text
             elif doc.notes:
                 notes = "\n\n".join(self._merge(doc.notes))
                 self._cap_words(doc, notes, "its notes have")
-                text = REDUCE_PROMPT.format(words=doc.words, notes=notes)
+                text = REDUCE_PROMPT.format(words=doc.words, focus=self.focus, notes=notes)
             else:  # no chunk gave usable notes: nothing to summarize from (the fallback takes over)
                 continue
             pairs.append((doc, tok.chat_prompt_ids(text)))
@@ -290,7 +293,7 @@ class ModelSummarizer:
             merged = []
             for group in groups:
                 self._phase(None, "merge")
-                prompt = tok.chat_prompt_ids(REDUCE_PROMPT.format(words=NOTES_WORDS * 2, notes="\n\n".join(group)))
+                prompt = tok.chat_prompt_ids(REDUCE_PROMPT.format(words=NOTES_WORDS * 2, focus="", notes="\n\n".join(group)))
                 state = self.s.model.new_state(1)
                 logits = self._prefill(prompt, state)
                 self._phase(None, "decode")
@@ -321,7 +324,7 @@ class ModelSummarizer:
         def ask() -> tuple[torch.Tensor, object]:
             state.restore(after_document)
             self._phase(None, "prefill")
-            return self._prefill(tok.chat_suffix_ids("", STREAM_QUESTION.format(words=doc.words)), state), state
+            return self._prefill(tok.chat_suffix_ids("", STREAM_QUESTION.format(words=doc.words, focus=self.focus)), state), state
 
         return self._final(ask, doc.words)
 

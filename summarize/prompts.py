@@ -12,19 +12,28 @@ MAP_INSTRUCTION = (
 )
 MAP_QUESTION = "\n\nWrite the notes on this part now."
 SINGLE_INSTRUCTION = (
-    "Summarize the following document in about {words} words. Write plain prose paragraphs, "
+    "Summarize the following document in about {words} words.{focus} Write plain prose paragraphs, "
     "no headings and no lists.\n\nDocument:\n"
 )
 REDUCE_PROMPT = (
     "Below are notes on consecutive parts of one document. Using them, write a summary of the whole "
-    "document in about {words} words. Write plain prose paragraphs, no headings and no lists.\n\n"
+    "document in about {words} words.{focus} Write plain prose paragraphs, no headings and no lists.\n\n"
     "Notes:\n{notes}"
 )
 STREAM_INSTRUCTION = "Read the following document carefully; you will summarize it afterwards.\n\nDocument:\n"
 STREAM_QUESTION = (
-    "\n\nSummarize the document above in about {words} words. Write plain prose paragraphs, "
+    "\n\nSummarize the document above in about {words} words.{focus} Write plain prose paragraphs, "
     "no headings and no lists."
 )
+# --focus: said in the instruction, before the document or notes (or, in stream, in the question
+# after it), so that nothing in the document can stand in for it
+FOCUS_SENTENCE = " Concentrate on what it says about: {focus}."
+
+
+def focus_sentence(focus: str | None) -> str:
+    """The instruction's sentence for `--focus` (one line), or nothing without one."""
+    focus = " ".join((focus or "").split())
+    return FOCUS_SENTENCE.format(focus=focus) if focus else ""
 
 THINK_BLOCK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
 MARKUP = re.compile(r"<\|[^|>]*\|>|</?think>")

@@ -39,6 +39,7 @@ def make_summarizer(settings: Settings, ui: Reporter) -> Summarizer:
         summarizer = ModelSummarizer(
             session,
             words=settings.words,
+            focus=settings.focus,
             strategy=settings.strategy,
             chunk_tokens=settings.chunk_tokens,
             overlap=settings.overlap,

@@ -49,6 +49,7 @@ class Settings:
     device: str | None = None
     dtype: str | None = None
     quantize: str | None = None
+    focus: str | None = None  # what a model summary should concentrate on (--focus)
     chunk_tokens: int | None = None
     overlap: int | None = None
     strategy: str = DEFAULT_STRATEGY
@@ -85,6 +86,8 @@ class Settings:
             }
             if self.quantize:  # absent when unset: fingerprints of earlier runs stay valid
                 shaping["quantize"] = self.quantize
+            if self.focus:
+                shaping["focus"] = " ".join(self.focus.split())
         blob = json.dumps(shaping, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:FINGERPRINT_LENGTH]
 
