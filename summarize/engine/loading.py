@@ -20,7 +20,7 @@ from summarize.engine.compiled import compile_steps, wanted
 from summarize.engine.family import Family
 from summarize.engine.memory import bound_kernel_caches, release_free_memory
 from summarize.engine.registry import FAMILIES, family_for_file, family_for_model_type, family_named, supported_model_types
-from summarize.engine.safetensors_file import HEADER_LENGTH_BYTES, MAX_HEADER_BYTES, SAFETENSORS_DTYPES
+from summarize.engine.safetensors_file import HEADER_LENGTH_BYTES, MAX_HEADER_BYTES, SAFETENSORS_DTYPES, bytes_of
 from summarize.errors import SummarizeError
 
 QUANTIZE_MODES = (None, "int8")
@@ -126,16 +126,13 @@ class Checkpoint:
         if dtype is None:
             raise SummarizeError(f"{file}: tensor {name} has unsupported dtype {entry['dtype']}")
         begin, end = entry["data_offsets"]
-        # A bytearray that the tensor then shares (torch.frombuffer copies nothing): one copy of
-        # the bytes, and no numpy, which is not among our dependencies.
-        raw = bytearray(end - begin)
-        with open(file, "rb") as f:
-            f.seek(data_start + begin)
-            if f.readinto(raw) != end - begin:
-                raise SummarizeError(f"{file}: truncated; tensor {name} is incomplete")
-        if not raw:  # frombuffer refuses an empty buffer
-            return torch.empty(entry["shape"], dtype=dtype)
-        return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(entry["shape"])
+        raw = torch.empty(end - begin, dtype=torch.uint8)  # filled in place: one copy, no memset, no numpy
+        if end > begin:
+            with open(file, "rb") as f:
+                f.seek(data_start + begin)
+                if f.readinto(bytes_of(raw)) != end - begin:
+                    raise SummarizeError(f"{file}: truncated; tensor {name} is incomplete")
+        return raw.view(dtype).reshape(entry["shape"])
 
 
 def _read_header(file: Path) -> tuple[dict, int]:

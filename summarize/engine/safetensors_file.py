@@ -37,10 +37,11 @@ def write(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str
         f.write(len(blob).to_bytes(HEADER_LENGTH_BYTES, "little"))
         f.write(blob)
         for tensor in data.values():
-            f.write(_bytes_of(tensor))
+            f.write(bytes_of(tensor))
 
 
-def _bytes_of(tensor: torch.Tensor) -> memoryview:
-    """A contiguous CPU tensor's bytes, without a copy (bytes(storage) goes element by element)."""
+def bytes_of(tensor: torch.Tensor) -> memoryview:
+    """A contiguous CPU tensor's memory as bytes to read or write, without a copy and without numpy
+    (bytes(storage) would go element by element)."""
     size = tensor.numel() * tensor.element_size()
     return memoryview((ctypes.c_char * size).from_address(tensor.data_ptr())) if size else memoryview(b"")
