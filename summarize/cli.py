@@ -26,10 +26,12 @@ from summarize.types import (
     DEFAULT_CHUNK_TOKENS,
     DEFAULT_MODEL,
     DEFAULT_OVERLAP,
+    DEFAULT_SPECULATE,
     DEFAULT_STRATEGY,
     DEFAULT_WORDS,
     MAX_CHUNK_TOKENS,
     MAX_OVERLAP_SHARE,
+    MAX_SPECULATE,
     MIN_CHUNK_TOKENS,
     STRATEGIES,
     Reporter,
@@ -150,6 +152,10 @@ def summarize(
         help="Sample from the smallest token set with this much probability.")] = None,
     seed: Annotated[int | None, typer.Option(
         show_default=False, help="Random seed, for repeatable sampling.")] = None,
+    speculate: Annotated[int, typer.Option(
+        min=0, max=MAX_SPECULATE, envvar="SUMMARIZE_SPECULATE",
+        help="Draft up to N tokens per step from the document and verify them in one pass "
+             "(the same text, faster where it copies); 0 turns it off.")] = DEFAULT_SPECULATE,
     password: Annotated[str | None, typer.Option(
         envvar="SUMMARIZE_PASSWORD", show_default=False,
         help="Password for encrypted PDFs; the env var keeps it out of the process list.")
@@ -184,7 +190,7 @@ def summarize(
     settings = Settings(
         words=words, model=model, device=device, dtype=dtype.value if dtype else None,
         quantize=quantize.value if quantize else None, focus=focus, chunk_tokens=chunk_tokens, overlap=overlap, strategy=strategy.value,
-        extractive=extractive, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+        extractive=extractive, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, speculate=speculate,
         diagnostics_file=str(diagnostics_file) if diagnostics_file else None,
         password=password, verbose=verbose,
     )

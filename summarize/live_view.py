@@ -30,10 +30,12 @@ class StateView:
         self._rate_start = time.perf_counter()
         self._rate_tokens = 0
         self._rate = 0.0
+        self._drafted = self._kept = 0  # drafts offered to and kept by sequence 0 in this phase
 
     def set_phase(self, progress) -> None:
         if progress.phase != self.phase:
             self._rate_start, self._rate_tokens = time.perf_counter(), 0
+            self._drafted = self._kept = 0
         self.input, self.chunk, self.chunks, self.phase = progress.input, progress.chunk, progress.chunks, progress.phase
 
     def update(self, report: SpanReport) -> None:
@@ -41,6 +43,9 @@ class StateView:
             return
         self.report = report
         self._rate_tokens += report.tokens
+        if report.drafted:
+            self._drafted += report.drafted
+            self._kept += report.tokens - 1
         elapsed = time.perf_counter() - self._rate_start
         if elapsed > 0:
             self._rate = self._rate_tokens / elapsed
@@ -51,7 +56,8 @@ class StateView:
         state_mb = report.state_bytes / 2**20 if report else 0.0
         header = Text(
             f"{printable(self.input)}  chunk {chunk}  {self.phase}  {self._rate:,.0f} tok/s  "
-            f"state {state_mb:,.1f} MiB  {time.perf_counter() - self.started:,.0f} s",
+            f"state {state_mb:,.1f} MiB  {time.perf_counter() - self.started:,.0f} s"
+            + (f"  drafts kept {self._kept / self._drafted:.0%}" if self._drafted else ""),
             style="bold",
         )
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)

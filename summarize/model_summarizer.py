@@ -165,7 +165,7 @@ class ModelSummarizer:
         chunks = chunk_text(text, chunk_size=self.chunk_tokens, overlap=self.overlap, count=self.s.tokenizer.count, strategy=self.strategy)
         if not chunks:
             raise SummarizeError(f"{name}: no text to summarize")
-        counters = {"prefix_prefills": 0, "restores": 0, "tokens_in": 0, "tokens_out": 0}
+        counters = {"prefix_prefills": 0, "restores": 0, "tokens_in": 0, "tokens_out": 0, "draft_tokens": 0, "accepted_tokens": 0}
         progress = ModelProgress(input=name, chunks=len(chunks), counters=counters)
         return _Document(name, text, chunks, progress, time.perf_counter())
 
@@ -190,6 +190,8 @@ class ModelSummarizer:
                 "tokens_out": counters["tokens_out"],
                 "prefix_prefills": counters["prefix_prefills"],
                 "restores": counters["restores"],
+                "draft_tokens": counters["draft_tokens"],
+                "accepted_tokens": counters["accepted_tokens"],
             },
         )
 
@@ -210,7 +212,7 @@ class ModelSummarizer:
         rows = [(doc, chunk) for doc in docs for chunk in doc.chunks]
         for start in range(0, len(rows), self.map_batch):
             group = rows[start : start + self.map_batch]
-            states, first_logits = [], []
+            states, first_logits, prompts = [], [], []
             for doc, chunk in group:  # chunks differ in length: each is read on its own...
                 assert chunk.resets_state  # map-reduce: every chunk opens with the marker
                 self.progress = doc.progress
@@ -218,13 +220,14 @@ class ModelSummarizer:
                 state.restore(snapshot)  # the reset-state marker: back to "just read the instruction"
                 self.progress.counters["restores"] += 1
                 self._phase(chunk.index, "prefill")
-                first_logits.append(self._prefill(tok.chat_suffix_ids(chunk.text, MAP_QUESTION), state))
+                prompts.append(tok.chat_suffix_ids(chunk.text, MAP_QUESTION))
+                first_logits.append(self._prefill(prompts[-1], state))
                 states.append(state)
             # ...and their notes are written together: decoding is memory-bound, a batch costs
             # about what one sequence does
             batch = State.stack(states)
             states.clear()  # the batch holds its own copy: keep one copy of the rows' states alive
-            generations = self._generate(torch.cat(first_logits), batch, NOTES_WORDS, [(doc, chunk.index) for doc, chunk in group])
+            generations = self._generate(torch.cat(first_logits), batch, NOTES_WORDS, prompts, [(doc, chunk.index) for doc, chunk in group])
             del batch
             for (doc, _), generation in zip(group, generations):
                 note = clean_output(generation.text)
@@ -259,14 +262,14 @@ class ModelSummarizer:
             batch = State.stack(states)
             states.clear()
             words = max(doc.words for doc, _ in group)  # the rows share one decode loop
-            generations = self._generate(torch.cat(first_logits), batch, words, [(doc, None) for doc, _ in group])
+            generations = self._generate(torch.cat(first_logits), batch, words, [p for _, p in group], [(doc, None) for doc, _ in group])
             del batch
             for (doc, _), generation in zip(group, generations):
                 doc.summary = trim_to_words(clean_output(generation.text), doc.words)
         for doc, prompt in pairs:
             if count_words(doc.summary) == 0 and self.s.sampling.temperature != 0:  # greedy would repeat itself
                 self.progress = doc.progress
-                doc.summary = self._final(lambda: self._prompt_state(prompt, chunk=None), doc.words, attempts=RESTATE_LIMIT)
+                doc.summary = self._final(lambda: self._prompt_state(prompt, chunk=None), doc.words, prompt, attempts=RESTATE_LIMIT)
 
     def _cap_words(self, doc: _Document, source: str, has: str) -> None:
         """Set the document's word budget: -n, but no longer than `source`, what the summary is
@@ -297,7 +300,7 @@ class ModelSummarizer:
                 state = self.s.model.new_state(1)
                 logits = self._prefill(prompt, state)
                 self._phase(None, "decode")
-                merged.append(clean_output(self._generate(logits, state, NOTES_WORDS * 2)[0].text))
+                merged.append(clean_output(self._generate(logits, state, NOTES_WORDS * 2, [prompt])[0].text))
             notes = [n for n in merged if n]
         return notes
 
@@ -311,13 +314,16 @@ class ModelSummarizer:
         self._prefill(prefix, state)
         self.progress.counters["prefix_prefills"] += 1
         snapshot = state.snapshot()
+        read: list[int] = []  # the document's tokens: what the summary's drafts are looked up in
         for chunk in doc.chunks:
             if chunk.resets_state:  # stream: only the first chunk carries the marker
                 state.restore(snapshot)
                 self.progress.counters["restores"] += 1
             self._phase(chunk.index, "prefill")
             text = chunk.text if chunk.index == 0 else " " + chunk.text
-            self._prefill(tok.chat_text_ids(text), state)
+            ids = tok.chat_text_ids(text)
+            read += ids
+            self._prefill(ids, state)
             state.keep_attention_window(keep_first=len(prefix), keep_last=STREAM_ATTENTION_WINDOW)
         after_document = state.snapshot()
 
@@ -326,16 +332,19 @@ class ModelSummarizer:
             self._phase(None, "prefill")
             return self._prefill(tok.chat_suffix_ids("", STREAM_QUESTION.format(words=doc.words, focus=self.focus)), state), state
 
-        return self._final(ask, doc.words)
+        return self._final(ask, doc.words, read)
 
     # -- the pieces ----------------------------------------------------------------------------
 
-    def _final(self, start: Callable[[], tuple[torch.Tensor, object]], words: int, attempts: int = 1 + RESTATE_LIMIT) -> str:
-        """Generate the summary, trim it to `words` on a sentence end; ask again if unusable."""
+    def _final(
+        self, start: Callable[[], tuple[torch.Tensor, object]], words: int, context: list[int], attempts: int = 1 + RESTATE_LIMIT
+    ) -> str:
+        """Generate the summary (drafts looked up in `context`), trim it to `words` on a sentence
+        end; ask again if unusable."""
         for _ in range(attempts):
             logits, state = start()
             self._phase(None, "decode")
-            text = trim_to_words(clean_output(self._generate(logits, state, words)[0].text), words)
+            text = trim_to_words(clean_output(self._generate(logits, state, words, [context])[0].text), words)
             if count_words(text) > 0:
                 return text
             if self.s.sampling.temperature == 0:
@@ -354,8 +363,9 @@ class ModelSummarizer:
         release_free_memory()  # chunk after chunk, resident memory stays flat
         return logits
 
-    def _generate(self, logits: torch.Tensor, state, words: int, rows: list | None = None) -> list:
-        """Generate from prefilled `state` up to the token budget for `words`.
+    def _generate(self, logits: torch.Tensor, state, words: int, contexts: list[list[int]], rows: list | None = None) -> list:
+        """Generate from prefilled `state` up to the token budget for `words`; each row's drafts are
+        looked up in its `contexts` entry (the text it was given).
 
         `rows`, for a batch that may span documents: one (document, chunk index or None) per row;
         the live view and the diagnostics records then name each row's document and chunk, and
@@ -370,12 +380,15 @@ class ModelSummarizer:
                 self.s.model, None, state, tokenizer=self.s.tokenizer, stop_ids=self.s.stop_ids,
                 max_new_tokens=budget, sampling=self.s.sampling, first_logits=logits,
                 stop_texts=self.s.tokenizer.stop_texts,  # RWKV: the answer ends where a new round opens
+                speculate=self.s.speculate, contexts=contexts,
             )
         finally:
             self.progress.rows = None
         counters = [doc.progress.counters for doc, _ in rows] if rows is not None else [self.progress.counters] * len(results)
         for counter, result in zip(counters, results):
             counter["tokens_out"] += len(result.token_ids)
+            counter["draft_tokens"] += result.draft_tokens
+            counter["accepted_tokens"] += result.accepted_tokens
         release_free_memory()
         return results
 

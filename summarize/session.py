@@ -27,6 +27,7 @@ class ModelSession:
     stop_ids: frozenset[int]
     sampling: SamplingParams
     name: str
+    speculate: int = 0  # the most tokens drafted per decode step (0: none)
 
 
 def load_session(settings: Settings, notify: Callable[[str], None]) -> ModelSession:
@@ -37,7 +38,7 @@ def load_session(settings: Settings, notify: Callable[[str], None]) -> ModelSess
     tokenizer, stop_ids = load_tokenizer(model)
     notify(f"model {settings.model} on {model.device} ({_precision(model, settings)}), {_steps(model)}, "
            f"ready in {time.perf_counter() - started:.0f} s")
-    return ModelSession(model, tokenizer, stop_ids, sampling_for(settings), settings.model)
+    return ModelSession(model, tokenizer, stop_ids, sampling_for(settings), settings.model, settings.speculate)
 
 
 def sampling_for(settings: Settings) -> SamplingParams:

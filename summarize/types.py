@@ -27,6 +27,11 @@ STDIN_LABEL = "<stdin>"  # how messages name it
 # Below 64 tokens a chunk holds a sentence or two, and every chunk's notes cost a decode: minutes
 # for a page (`--chunk-tokens 1` took 110 s for 400 bytes). Above 32K one chunk's prefill
 # (activations, attention cache) outgrows a small machine's memory.
+# Speculative decoding: the most tokens drafted (by prompt lookup) and verified per step; 0 is off.
+# Its figures: bench/README.md (bench_speculative.py).
+DEFAULT_SPECULATE = 8
+MAX_SPECULATE = 32
+
 DEFAULT_CHUNK_TOKENS = 1536
 DEFAULT_OVERLAP = 128
 MIN_CHUNK_TOKENS, MAX_CHUNK_TOKENS = 64, 32768
@@ -58,6 +63,7 @@ class Settings:
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
+    speculate: int = DEFAULT_SPECULATE  # output-invariant (greedy: the same tokens), so not fingerprinted
     diagnostics_file: str | None = None
     password: str | None = field(default=None, repr=False)
     verbose: bool = False

@@ -37,13 +37,18 @@ class LayerReport:
 
 @dataclass(frozen=True)
 class SpanReport:
-    """All layers after one span of `tokens` tokens, for sequence `sequence` of the batch."""
+    """All layers after one span of `tokens` tokens, for sequence `sequence` of the batch.
+
+    A verified draft (speculative decoding) reports the tokens the sequence kept: its last token
+    and `tokens - 1` of the `drafted` tokens it was offered.
+    """
 
     phase: Phase
     sequence: int
     tokens: int
     layers: tuple[LayerReport, ...]
     state_bytes: int
+    drafted: int = 0
 
 
 Listener = Callable[[SpanReport], None]
@@ -94,8 +99,14 @@ def merge_block_stats(blocks: list[tuple[int, LayerStats]]) -> LayerStats:
     return merged
 
 
-def report_span(stats: LayerStats | None, state, phase: Phase, tokens: int, listener: Listener | None) -> None:
+def report_span(
+    stats: LayerStats | None, state, phase: Phase, tokens: int | list[int], listener: Listener | None,
+    drafted: list[int] | None = None,
+) -> None:
     """Check the recurrent states for NaN/Inf, then hand one `SpanReport` per sequence to `listener`.
+
+    `tokens`: the span's length, or one per sequence where rows kept different numbers (a verified
+    draft, with `drafted` the drafts each sequence was offered).
 
     Layers with stats are the recurrent ones; the others (attention) report their cache, as the
     state counts it. No stats at all (decode with nobody listening): nothing to check or say.
@@ -121,4 +132,5 @@ def report_span(stats: LayerStats | None, state, phase: Phase, tokens: int, list
             else:
                 kv_bytes = layer_state.nbytes // batch
                 layers.append(LayerReport(i, "attention", kv_tokens=layer_state.cached_tokens, kv_bytes=kv_bytes))
-        listener(SpanReport(phase, b, tokens, tuple(layers), state.nbytes // batch))
+        row_tokens = tokens if isinstance(tokens, int) else tokens[b]
+        listener(SpanReport(phase, b, row_tokens, tuple(layers), state.nbytes // batch, drafted[b] if drafted else 0))

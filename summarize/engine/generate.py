@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .drafts import DraftLength, PromptLookup
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 # Candidates taken first when looking for the top-p nucleus on the CPU; most nuclei are smaller.
@@ -53,6 +54,8 @@ class Generation:
     token_ids: list[int]
     text: str
     stop_reason: str  # "stop": a stop token came; "length": max_new_tokens reached
+    draft_tokens: int = 0  # tokens drafted for verification (speculative decoding)
+    accepted_tokens: int = 0  # of which the model's own choices agreed with
 
 
 def greedy_token(logits: Tensor) -> Tensor:
@@ -80,16 +83,48 @@ class _Sampler:
 
     def __call__(self, logits: Tensor) -> Tensor:
         """logits [B, V] (any float dtype) → token ids [B] (int64, same device)."""
-        p = self.params
+        token = self._pick(logits)
+        if self.penalty is not None:
+            self.penalty.scatter_(1, token[:, None], self.params.presence_penalty)
+        return token
+
+    def verify(self, logits: Tensor, drafts: Tensor, drafted: Tensor) -> tuple[Tensor, Tensor]:
+        """The model's own choices at every position of a verified span, and how many drafts each
+        row keeps.
+
+        logits [B, T, V] of the span [last token, drafts]; drafts [B, T-1], of which row b
+        proposed the first drafted[b]. Position i is sampled as plain decoding would, from
+        the logits after the drafts before it; a draft is kept while it equals that choice, so
+        the kept tokens and the choice after them are exactly what plain decoding gives, greedy,
+        and are distributed as it, sampled (docs/design.md §8).
+
+        Returns chosen [B, T] and kept [B] (0 <= kept[b] <= drafted[b]); row b's next tokens are
+        drafts[b, :kept[b]], then chosen[b, kept[b]].
+        """
+        B, T, _ = logits.shape
+        chosen = torch.zeros(B, T, dtype=torch.long, device=logits.device)
+        kept = torch.zeros(B, dtype=torch.long, device=logits.device)
+        open_ = torch.ones(B, dtype=torch.bool, device=logits.device)  # rows whose drafts all agreed so far
+        for i in range(T):
+            token = self._pick(logits[:, i])
+            if self.penalty is not None:  # only the rows that will emit this token see it
+                seen = self.penalty.gather(1, token[:, None])
+                self.penalty.scatter_(1, token[:, None], torch.where(open_[:, None], self.params.presence_penalty, seen))
+            chosen[:, i] = token
+            if i == T - 1:
+                break
+            open_ &= (drafted > i) & (drafts[:, i] == token)
+            kept += open_
+            if not bool(open_.any()):
+                break
+        return chosen, kept
+
+    def _pick(self, logits: Tensor) -> Tensor:
         if self.penalty is not None:
             logits = logits.float() - self.penalty
         if self.greedy:
-            token = greedy_token(logits)
-        else:
-            token = self._sample(logits.float())
-        if self.penalty is not None:
-            self.penalty.scatter_(1, token[:, None], p.presence_penalty)
-        return token
+            return greedy_token(logits)
+        return self._sample(logits.float())
 
     def _sample(self, scores: Tensor) -> Tensor:
         """logits [B, V] fp32 (penalised) → token ids [B]."""
@@ -196,6 +231,9 @@ def generate_batch(
     first_logits: Tensor | None = None,
     overlap: bool | None = None,
     stop_texts: Collection[str] = (),
+    speculate: int = 0,
+    contexts: Sequence[Sequence[int]] | None = None,
+    drafters: Sequence | None = None,
 ) -> list[Generation]:
     """Generate for a batch of B sequences that share one batched `state`.
 
@@ -206,9 +244,14 @@ def generate_batch(
     receives each row's text as it completes. A row also stops as soon as its text contains one
     of `stop_texts` (e.g. a chat model opening the next round); its text is cut there. `overlap` (default: on CUDA) queues the next
     decode step before reading the sampled ids, which may cost one extra step at a stop.
+
+    `speculate` > 0 drafts up to that many tokens per step by prompt lookup in each row's
+    `contexts[row]` (default: the prompt) and what it generated, and verifies them in one pass
+    (`model.verify` / `model.accept`): the same tokens as without, greedy, and the same
+    distribution, sampled (docs/design.md §8). `drafters` replaces the lookup: one object per row
+    with `append(token)` and `propose(n) -> list[int]`, as `drafts.PromptLookup`.
     """
     sampling = sampling or SamplingParams()
-    stop_ids = frozenset(stop_ids)
     if first_logits is None:
         if prompts is None:
             raise ValueError("give prompts or first_logits")
@@ -220,67 +263,124 @@ def generate_batch(
         if input_ids.ndim != 2 or input_ids.numel() == 0:
             raise ValueError("prompts must be a non-empty batch of non-empty prompts")
         first_logits = model.prefill(input_ids.to(_model_device(model)), state)
-    logits = first_logits
-    batch, vocab = logits.shape
-    if overlap is None:
-        overlap = logits.device.type == "cuda"
+        if contexts is None:
+            contexts = input_ids.tolist()
+    batch, vocab = first_logits.shape
+    rows = _Rows(batch, tokenizer, frozenset(stop_ids), max_new_tokens, on_text, stop_texts)
+    sample = _Sampler(sampling, batch, vocab, first_logits.device)
+    token = sample(first_logits) if rows.running else None
+    if speculate > 0 and rows.running:
+        if drafters is None:
+            drafters = [PromptLookup(contexts[row] if contexts is not None else ()) for row in range(batch)]
+        _speculative_loop(model, state, sample, rows, token, speculate, drafters)
+    elif rows.running:
+        _plain_loop(model, state, sample, rows, token, first_logits.device.type == "cuda" if overlap is None else overlap)
+    return rows.results()
 
-    token_ids: list[list[int]] = [[] for _ in range(batch)]
-    reasons = ["length"] * batch
-    running = set(range(batch))
-    detok = [IncrementalDetokenizer(tokenizer) for _ in range(batch)] if on_text or stop_texts else None
-    tails = [""] * batch  # the end of each row's text, long enough to hold any stop text
-    tail_chars = max((len(t) for t in stop_texts), default=0)
-    if max_new_tokens <= 0:
-        running.clear()
 
-    sample = _Sampler(sampling, batch, vocab, logits.device)
-    host = _HostCopy(batch, logits.device)
-    token = sample(logits) if running else None
-    step = 0
-    while running:
-        step += 1
-        last = step == max_new_tokens
+class _Rows:
+    """The rows' generated tokens: which still run, why each stopped, their text as it completes."""
+
+    def __init__(self, batch: int, tokenizer: Tokenizer, stop_ids: frozenset[int], max_new_tokens: int,
+                 on_text: Callable[[int, str], None] | None, stop_texts: Collection[str]) -> None:
+        self.tokenizer, self.stop_ids, self.max_new_tokens = tokenizer, stop_ids, max_new_tokens
+        self.on_text, self.stop_texts = on_text, stop_texts
+        self.token_ids: list[list[int]] = [[] for _ in range(batch)]
+        self.reasons = ["length"] * batch
+        self.running = set(range(batch)) if max_new_tokens > 0 else set()
+        self.detok = [IncrementalDetokenizer(tokenizer) for _ in range(batch)] if on_text or stop_texts else None
+        self.tails = [""] * batch  # the end of each row's text, long enough to hold any stop text
+        self.tail_chars = max((len(t) for t in stop_texts), default=0)
+        self.drafted = [0] * batch
+        self.accepted = [0] * batch
+
+    def take(self, row: int, tid: int) -> bool:
+        """Row `row` produced `tid`: keep it unless it stops the row. Whether the row runs on."""
+        if row not in self.running:
+            return False
+        if tid in self.stop_ids:
+            return self._stop(row, "stop")
+        self.token_ids[row].append(tid)
+        if self.detok is not None:
+            piece = self.detok[row].push(tid)
+            if piece and self.stop_texts:
+                self.tails[row] = (self.tails[row] + piece)[-(self.tail_chars + len(piece)):]
+                if any(stop in self.tails[row] for stop in self.stop_texts):
+                    return self._stop(row, "stop")
+            if piece and self.on_text:
+                self.on_text(row, piece)
+        if len(self.token_ids[row]) >= self.max_new_tokens:
+            return self._stop(row, "length")
+        return True
+
+    def _stop(self, row: int, reason: str) -> bool:
+        self.reasons[row] = reason
+        self.running.discard(row)
+        return False
+
+    def results(self) -> list[Generation]:
+        results = []
+        for row, ids in enumerate(self.token_ids):
+            text = self.tokenizer.decode(ids)
+            for stop in self.stop_texts:
+                text = text.split(stop, 1)[0]
+            if self.on_text is not None:
+                piece = self.detok[row].flush()
+                if piece:
+                    self.on_text(row, piece)
+            results.append(Generation(ids, text, self.reasons[row], self.drafted[row], self.accepted[row]))
+        return results
+
+
+def _plain_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor, overlap: bool) -> None:
+    """One decode step per token."""
+    host = _HostCopy(token.shape[0], token.device)
+    while True:
         host.start(token)
+        last = all(len(rows.token_ids[row]) + 1 >= rows.max_new_tokens for row in rows.running)
         if overlap and not last:
             logits = model.decode(token, state)
         for row, tid in enumerate(host.wait()):
-            if row not in running:
-                continue
-            if tid in stop_ids:
-                reasons[row] = "stop"
-                running.discard(row)
-                continue
-            token_ids[row].append(tid)
-            if detok is not None:
-                piece = detok[row].push(tid)
-                if piece and stop_texts:
-                    tails[row] = (tails[row] + piece)[-(tail_chars + len(piece)):]
-                    if any(stop in tails[row] for stop in stop_texts):
-                        reasons[row] = "stop"
-                        running.discard(row)
-                        continue
-                if piece and on_text:
-                    on_text(row, piece)
-            if last:
-                running.discard(row)
-        if not running:
-            break
-        if not overlap:
+            rows.take(row, tid)
+        if not rows.running:
+            return
+        if not overlap or last:
             logits = model.decode(token, state)
         token = sample(logits)
 
-    results = []
-    for row in range(batch):
-        text = tokenizer.decode(token_ids[row])
-        for stop in stop_texts:
-            text = text.split(stop, 1)[0]
-        if on_text is not None:
-            piece = detok[row].flush()
-            if piece:
-                on_text(row, piece)
-        results.append(Generation(token_ids[row], text, reasons[row]))
-    return results
+
+def _speculative_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor, most: int, drafters: Sequence) -> None:
+    """Each step: every running row drafts up to `most` tokens; one `verify` pass reads the
+    last token and the drafts, each row keeps the drafts its own samples agree with, and
+    `accept` lands the state there. With no draft in any row, a plain decode step."""
+    batch = token.shape[0]
+    lengths = [DraftLength(most) for _ in range(batch)]
+    while True:
+        ids = token.tolist()
+        for row, tid in enumerate(ids):
+            if rows.take(row, tid):
+                drafters[row].append(tid)
+        if not rows.running:
+            return
+        drafts = [drafters[row].propose(lengths[row].next()) if row in rows.running else [] for row in range(batch)]
+        width = max(len(d) for d in drafts)
+        if width == 0:
+            token = sample(model.decode(token, state))
+            continue
+        span = torch.tensor([[ids[row], *d, *[0] * (width - len(d))] for row, d in enumerate(drafts)], device=token.device)
+        logits = model.verify(span, state)  # [B, width + 1, V]
+        drafted = [len(d) for d in drafts]
+        chosen, kept = sample.verify(logits, span[:, 1:], torch.tensor(drafted, device=token.device))
+        model.accept(state, kept + 1, drafted)
+        for row, n in enumerate(kept.tolist()):
+            if drafts[row]:
+                lengths[row].update(len(drafts[row]), n)
+                rows.drafted[row] += len(drafts[row])
+                rows.accepted[row] += n
+            for tid in drafts[row][:n]:
+                if rows.take(row, tid):
+                    drafters[row].append(tid)
+        token = chosen.gather(1, kept[:, None])[:, 0]
 
 
 def generate(
@@ -296,11 +396,14 @@ def generate(
     first_logits: Tensor | None = None,
     overlap: bool | None = None,
     stop_texts: Collection[str] = (),
+    speculate: int = 0,
+    context: Sequence[int] | None = None,
 ) -> Generation:
     """Generate one sequence (batch 1); see `generate_batch`.
 
     `prompt_ids` ([T] or [1, T]) is prefilled into `state` unless `first_logits` ([V] or [1, V])
-    is given, in which case the prompt is already in `state`.
+    is given, in which case the prompt is already in `state`. `context`: what drafts are looked up
+    in (default: the prompt).
     """
     prompts = None
     if first_logits is None:
@@ -312,5 +415,5 @@ def generate(
     callback = (lambda _row, text: on_text(text)) if on_text is not None else None
     return generate_batch(model, prompts, state, tokenizer=tokenizer, stop_ids=stop_ids,
                           max_new_tokens=max_new_tokens, sampling=sampling, on_text=callback,
-                          first_logits=first_logits, overlap=overlap,
-                          stop_texts=stop_texts)[0]
+                          first_logits=first_logits, overlap=overlap, stop_texts=stop_texts,
+                          speculate=speculate, contexts=None if context is None else [context])[0]

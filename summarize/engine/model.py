@@ -7,6 +7,8 @@ A family supplies its layers (`nn.Module`s called as `layer(x, layer_state, cont
     forward(input_ids [B, T], state) -> logits [B, T, vocab]      (advances state)
     prefill(input_ids [B, T], state) -> logits [B, vocab]         (last position only, in blocks)
     decode(token_ids [B], state)     -> logits [B, vocab]         (one step)
+    verify(token_ids [B, T], state)  -> logits [B, T, vocab]      (a draft: state not yet advanced)
+    accept(state, counts [B])                                     (row b advanced by counts[b] tokens)
 
 Set `listener` to receive a `SpanReport` after each call (docs/design.md §4). The layers and the
 head run through `steps`: `Steps` runs them as they are; `compiled.compile_steps` swaps in
@@ -35,6 +37,9 @@ class Steps:
         """One token per row through every layer and the head → (logits [B, V], per-layer stats)."""
         hidden, stats = model.run_layers(token_ids[:, None], state, with_stats)
         return self.head(model, hidden[:, -1]), stats
+
+
+EAGER_STEPS = Steps()
 
 
 class RecurrentModel(nn.Module):
@@ -109,17 +114,35 @@ class RecurrentModel(nn.Module):
         self._report(stats, state, "decode", 1)
         return logits
 
-    def run_layers(self, input_ids: Tensor, state: State, with_stats: bool) -> tuple[Tensor, LayerStats]:
+    @torch.no_grad()
+    def verify(self, token_ids: Tensor, state: State) -> Tensor:
+        """The logits of every position [B, T, V] of a span of drafted tokens [B, T] (the last
+        sampled token, then the drafts). The state is only read: `accept` then lands each row after
+        the tokens it keeps, without running any of them again (docs/design.md §8)."""
+        state.begin_draft()
+        # eager: a draft's layer states record Python objects, which a compiled graph would not keep
+        hidden, _ = self.run_layers(token_ids, state, with_stats=False, steps=EAGER_STEPS)
+        return self.logits(hidden)
+
+    @torch.no_grad()
+    def accept(self, state: State, counts: Tensor, drafted: list[int] | None = None) -> None:
+        """End `verify`'s draft: row b keeps its first counts[b] tokens ([B] int64, at least 1).
+        The span is reported as those tokens only (with `drafted`, the drafts each row was offered)."""
+        stats = state.accept(counts, with_stats=self.listener is not None)
+        report_span(stats, state, "decode", counts.tolist(), self.listener, drafted)
+
+    def run_layers(self, input_ids: Tensor, state: State, with_stats: bool, steps: Steps | None = None) -> tuple[Tensor, LayerStats]:
         """Every layer over input_ids [B, T]: the last hidden states [B, T, H] and per-layer stats."""
         T = input_ids.shape[1]
         context = self.span_context(state, T)
         x = self.embed(input_ids)
         stats: LayerStats = []
+        steps = steps or self.steps
         for layer, layer_state in zip(self.layers, state.layers):
-            x, layer_stats = self.steps.layer(layer, x, layer_state, context, with_stats)
+            x, layer_stats = steps.layer(layer, x, layer_state, context, with_stats)
             stats.append(layer_stats)
         state.advance(T)
         return x, stats
 
-    def _report(self, stats: LayerStats | None, state: State, phase: Phase, tokens: int) -> None:
+    def _report(self, stats: LayerStats | None, state: State, phase: Phase, tokens: int | list[int]) -> None:
         report_span(stats, state, phase, tokens, self.listener)

@@ -22,7 +22,7 @@ from summarize.engine.family import Family
 from summarize.engine.model import RecurrentModel
 from summarize.engine.ops.attention import apply_rotary, attend, attend_at_slot
 from summarize.engine.ops.causal_conv import causal_conv_silu
-from summarize.engine.ops.gated_delta_rule import gated_delta_rule
+from summarize.engine.ops.gated_delta_rule import GATED_DELTA_RULE
 from summarize.engine.ops.linear import Projection
 from summarize.engine.state import KVCache, LayerState, RecurrentLayerState, State
 from summarize.engine.tokenizer import load_hub_tokenizer
@@ -259,7 +259,7 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(B, T, self.num_v_heads, self.v_dim)
         beta = b.float().sigmoid()
         g = self.neg_A * F.softplus(a.float() + self.dt_bias)  # log-space decay, ≤ 0
-        o, stats = gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, state=state.matrix, with_stats=with_stats)
+        o, stats = state.run(GATED_DELTA_RULE, q=q, k=k, v=v, g=g, beta=beta, with_stats=with_stats)
         return self._output(o, z, x.dtype), stats
 
     def _output(self, o: Tensor, z: Tensor, dtype: torch.dtype) -> Tensor:
@@ -277,15 +277,13 @@ class GatedDeltaNet(nn.Module):
         Token-major throughout: the transposes around torch's channel-major conv cost more than
         the conv. q, k, v are convolved apart, so that a compiled step makes one pass per part.
         """
-        kernel, T = self.conv_taps.shape[0], qkv.shape[1]
         window = state.shift.transpose(1, 2)  # [B, kernel-1, C]
         bounds = (0, self.key_dim, 2 * self.key_dim, qkv.shape[-1])
         q, k, v = (
             causal_conv_silu(qkv[..., lo:hi], window[..., lo:hi], self.conv_taps[:, lo:hi])
             for lo, hi in zip(bounds, bounds[1:])
         )
-        new_window = qkv[:, T - (kernel - 1) :] if T >= kernel - 1 else torch.cat([window, qkv], dim=1)[:, T:]
-        state.shift.copy_(new_window.transpose(1, 2))
+        state.slide(window, qkv)
         return q, k, v
 
 

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from summarize.engine.diagnostics import RecurrenceStats
 from summarize.engine.family import Family
 from summarize.engine.model import RecurrentModel
-from summarize.engine.ops.rwkv7_wkv import rwkv7_wkv
+from summarize.engine.ops.rwkv7_wkv import RWKV7_WKV
 from summarize.engine.rwkv_tokenizer import load_rwkv_tokenizer
 from summarize.engine.state import RecurrentLayerState, State
 from summarize.errors import SummarizeError
@@ -187,11 +187,12 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
     return F.layer_norm(x.float(), (x.shape[-1],), weight, bias, eps).to(x.dtype)
 
 
-def token_shift(x: Tensor, shift: Tensor) -> Tensor:
-    """x [B, T, C] -> the previous token's x [B, T, C]; `shift` [B, C] holds the one before x[:, 0],
-    and is overwritten with x[:, -1]."""
-    prev = torch.cat((shift[:, None], x[:, :-1]), dim=1)
-    shift.copy_(x[:, -1])
+def token_shift(x: Tensor, state: RecurrentLayerState, slot: int) -> Tensor:
+    """x [B, T, C] -> the previous token's x [B, T, C]; state.shift[:, slot] holds the one before
+    x[:, 0], and moves on to x[:, -1]."""
+    window = state.shift[:, slot : slot + 1]  # [B, 1, C]
+    prev = torch.cat((window, x[:, :-1]), dim=1)
+    state.slide(window, x)
     return prev
 
 
@@ -224,7 +225,7 @@ class TimeMix(nn.Module):
         """x [B, T, C] (after ln1) -> (output [B, T, C], stats); layer 0 sets `residual.v_first`."""
         B, T, C = x.shape
         H, N = self.heads, self.head_size
-        prev = token_shift(x, state.shift[:, 0])
+        prev = token_shift(x, state, 0)
         xr, xw, xk, xv, xa, xg = (x[:, :, None] + (prev - x)[:, :, None] * self.mix).unbind(dim=2)
 
         r = F.linear(xr, self.receptance)
@@ -244,9 +245,9 @@ class TimeMix(nn.Module):
         k = k * (1 + (iclr - 1) * self.k_a)
         r32, k32, v32 = (t.float().view(heads) for t in (r, k, v))
         iclr32 = iclr.float().view(heads)
-        o, stats = rwkv7_wkv(
-            r=r32, log_w=log_w.view(heads), k=k32, v=v32, a=-kk, b=kk * iclr32,
-            state=state.matrix, dtype=x.dtype, with_stats=with_stats,
+        o, stats = state.run(
+            RWKV7_WKV, r=r32, log_w=log_w.view(heads), k=k32, v=v32, a=-kk, b=kk * iclr32,
+            dtype=x.dtype, with_stats=with_stats,
         )
 
         o = F.group_norm(o.reshape(B * T, C), H, self.ln_x_weight, self.ln_x_bias, self.group_norm_eps).view(heads)
@@ -265,7 +266,7 @@ class ChannelMix(nn.Module):
         self.register_buffer("value", take(prefix + "value.weight"))
 
     def forward(self, x: Tensor, state: RecurrentLayerState) -> Tensor:
-        prev = token_shift(x, state.shift[:, 1])
+        prev = token_shift(x, state, 1)
         k = x + (prev - x) * self.x_k
         return F.linear(torch.relu(F.linear(k, self.key)).square(), self.value)
 

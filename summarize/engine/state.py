@@ -10,12 +10,20 @@ bytes_per_token), so `State` never asks which kind a layer is:
 
 A snapshot is cheap: recurrent tensors are cloned, KV caches only remember their prefix by view
 (it is never overwritten), so restoring a KV cache is a truncation.
+
+A draft (docs/design.md §8): between `State.begin_draft` and `State.accept`, the model reads a span
+of drafted tokens and the layer states change nothing; each recurrent layer keeps what lands it
+after any prefix of the span (`Recurrence.verify`'s pending update, the span's shift rows), KV
+caches keep the span's keys. `accept(counts)` lands row b after its first counts[b] tokens: one
+update per recurrent tensor, a truncation per KV cache. No token is run twice.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from safetensors import safe_open
@@ -26,15 +34,61 @@ from summarize.errors import SummarizeError
 KV_GROWTH_TOKENS = 256  # a KV cache grows by at least this many positions at a time
 
 
+class Recurrence(NamedTuple):
+    """The two ways a recurrent layer state runs its op over a span (keyword arguments, `state=`):
+    `advance` updates the state in place and returns (o, stats or None); `verify` only reads it and
+    returns (o, pending), where `pending.land(state, counts, with_stats)` applies a prefix."""
+
+    advance: Callable
+    verify: Callable
+
+
 @dataclass
 class RecurrentLayerState:
-    """State of one recurrent layer. matrix: [B, H, K, V] fp32; shift: [B, ...] model dtype."""
+    """State of one recurrent layer. matrix: [B, H, K, V] fp32; shift: [B, ...] model dtype.
+
+    Layers change it only through `run` (the matrix) and `slide` (the shift), which during a draft
+    record what each prefix of the span would do instead.
+    """
 
     matrix: torch.Tensor
     shift: torch.Tensor
+    # during a draft: what lands each prefix, in the order the layer ran it
+    pending: list | None = field(default=None, repr=False, compare=False)
 
     bytes_per_token = 0  # fixed size: nothing grows with the context
     cached_tokens = 0
+
+    def run(self, recurrence: Recurrence, *, with_stats: bool, **inputs) -> tuple[torch.Tensor, object]:
+        """The layer's op over a span from this state's matrix → (o, stats or None)."""
+        if self.pending is None:
+            return recurrence.advance(**inputs, state=self.matrix, with_stats=with_stats)
+        o, update = recurrence.verify(**inputs, state=self.matrix)
+        self.pending.append(update)
+        return o, None
+
+    def slide(self, window: torch.Tensor, new: torch.Tensor) -> None:
+        """Make `window` (a view of `shift`, [B, W, C] time-major) the last W rows of [window | new]
+        (new: [B, T, C], the span's rows)."""
+        W, T = window.shape[1], new.shape[1]
+        if self.pending is None:
+            window.copy_(new[:, T - W :] if T >= W else torch.cat([window, new], dim=1)[:, T:])
+        else:
+            self.pending.append(_SlidWindow(window, torch.cat([window, new], dim=1)))
+
+    def begin_draft(self) -> None:
+        self.pending = []
+
+    def accept(self, counts: torch.Tensor, with_stats: bool):
+        """End the draft: row b lands after its first counts[b] tokens → the op's stats or None."""
+        pending, self.pending = self.pending, None
+        stats = None
+        for update in pending:
+            if isinstance(update, _SlidWindow):
+                update.land(counts)
+            else:
+                stats = update.land(self.matrix, counts, with_stats)
+        return stats
 
     @property
     def nbytes(self) -> int:
@@ -83,13 +137,30 @@ class RecurrentLayerState:
 
 
 @dataclass
+class _SlidWindow:
+    """A shift window's move over a drafted span: window [B, W, C] and history [window | span]."""
+
+    window: torch.Tensor
+    history: torch.Tensor
+
+    def land(self, counts: torch.Tensor) -> None:
+        rows = counts[:, None] + torch.arange(self.window.shape[1], device=counts.device)  # [B, W]
+        self.window.copy_(self.history.gather(1, rows[..., None].expand(-1, -1, self.history.shape[-1])))
+
+
+@dataclass
 class KVCache:
-    """Keys and values of one attention layer: [B, H_kv, capacity, D], valid up to `length`."""
+    """Keys and values of one attention layer: [B, H_kv, capacity, D], valid up to `length`.
+
+    `hidden` [B, capacity] marks positions that hold no token of their row (the left padding of
+    stacked rows, the rejected drafts of rows that accepted fewer than others): attention skips them.
+    """
 
     keys: torch.Tensor
     values: torch.Tensor
     length: int = 0
-    pad: torch.Tensor | None = None  # [B] positions at the start of each row that hold no token
+    hidden: torch.Tensor | None = None
+    draft_start: int | None = field(default=None, repr=False, compare=False)
 
     @property
     def capacity(self) -> int:
@@ -117,14 +188,36 @@ class KVCache:
     def device(self) -> torch.device:
         return self.keys.device
 
+    @property
+    def hidden_keys(self) -> torch.Tensor | None:
+        """[B, length] True where a valid position holds no token of its row; None if none do."""
+        return None if self.hidden is None else self.hidden[:, : self.length]
+
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write keys/values [B, H_kv, T, D] after the valid prefix; return all valid keys/values."""
         end = self.length + keys.shape[2]
         self.reserve(end)
         self.keys[:, :, self.length : end] = keys
         self.values[:, :, self.length : end] = values
+        if self.hidden is not None:
+            self.hidden[:, self.length : end] = False
         self.length = end
         return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def begin_draft(self) -> None:
+        self.draft_start = self.length
+
+    def accept(self, counts: torch.Tensor, with_stats: bool) -> None:
+        """End the draft: the span's first max(counts) positions stay; in a row that accepted
+        fewer, the rest are hidden."""
+        start, self.draft_start = self.draft_start, None
+        most = int(counts.max())
+        self.length = start + most
+        if int(counts.min()) < most:
+            if self.hidden is None:
+                self.hidden = torch.zeros(self.keys.shape[0], self.capacity, dtype=torch.bool, device=self.keys.device)
+            span = torch.arange(most, device=counts.device)
+            self.hidden[:, start : start + most] |= span >= counts[:, None]
 
     def reserve(self, needed: int) -> None:
         """Make room for `needed` positions. The buffers grow by an eighth (at least
@@ -139,6 +232,8 @@ class KVCache:
             new = old.new_zeros(old.shape[0], old.shape[1], capacity, old.shape[3])
             new[:, :, : self.length] = old[:, :, : self.length]
             setattr(self, name, new)
+        if self.hidden is not None:
+            self.hidden = torch.nn.functional.pad(self.hidden, (0, capacity - self.hidden.shape[1]))
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"keys": self.keys[:, :, : self.length], "values": self.values[:, :, : self.length]}
@@ -165,11 +260,12 @@ class KVCache:
         longest = max(row.length for row in rows)
         shape = (len(rows), first.keys.shape[1], longest + KV_GROWTH_TOKENS, first.keys.shape[3])
         keys, values = first.keys.new_zeros(shape), first.values.new_zeros(shape)
+        hidden = torch.zeros(len(rows), shape[2], dtype=torch.bool, device=keys.device)
         for i, row in enumerate(rows):
             keys[i, :, longest - row.length : longest] = row.keys[0, :, : row.length]
             values[i, :, longest - row.length : longest] = row.values[0, :, : row.length]
-        pad = torch.tensor([longest - row.length for row in rows], device=keys.device)
-        return cls(keys=keys, values=values, length=longest, pad=pad)
+            hidden[i, : longest - row.length] = True
+        return cls(keys=keys, values=values, length=longest, hidden=hidden if hidden.any() else None)
 
     def reset(self) -> None:
         self.length = 0
@@ -180,6 +276,8 @@ class KVCache:
             return
         for buffer in (self.keys, self.values):
             buffer[:, :, keep_first : keep_first + keep_last] = buffer[:, :, self.length - keep_last : self.length].clone()
+        if self.hidden is not None:
+            self.hidden[:, keep_first : keep_first + keep_last] = self.hidden[:, self.length - keep_last : self.length].clone()
         self.length = keep_first + keep_last
 
     def check(self, saved: dict[str, torch.Tensor], where: str) -> None:
@@ -212,6 +310,7 @@ class State:
     layers: list[LayerState]
     position: int = 0  # tokens consumed so far (the rotary position of the next token)
     row_positions: torch.Tensor | None = None  # [B] per-row positions when rows read different lengths
+    _draft_position: int = field(default=0, repr=False, compare=False)  # where the open draft began
 
     @property
     def batch_size(self) -> int:
@@ -245,6 +344,25 @@ class State:
         self.position += tokens
         if self.row_positions is not None:
             self.row_positions += tokens
+
+    def begin_draft(self) -> None:
+        """Until `accept`, the model's next span is a draft: the layers change nothing, and keep
+        what lands them after any prefix of it (see the module docstring)."""
+        self._draft_position = self.position
+        for layer in self.layers:
+            layer.begin_draft()
+
+    def accept(self, counts: torch.Tensor, with_stats: bool = False) -> list:
+        """End the draft with row b after the first counts[b] tokens of the span ([B] int64,
+        1 <= counts[b] <= the span's length) → per layer, the stats of the accepted tokens or None."""
+        start = self._draft_position
+        stats = [layer.accept(counts, with_stats) for layer in self.layers]
+        if self.row_positions is None and int(counts.min()) < int(counts.max()):
+            self.row_positions = torch.full_like(counts, self.position)
+        if self.row_positions is not None:
+            self.row_positions = self.row_positions - (self.position - start) + counts
+        self.position = start + int(counts.max())
+        return stats
 
     @classmethod
     def stack(cls, states: list[State]) -> State:

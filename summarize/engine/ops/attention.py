@@ -25,19 +25,20 @@ def attend(q: Tensor, k: Tensor, v: Tensor, cache: KVCache) -> Tensor:
     T = q.shape[2]
     past = cache.length
     keys, values = cache.append(k, v)
+    hidden = cache.hidden_keys  # [B, past+T] or None
     if T == 1 and q.device.type == "cpu":
-        return attend_one_token(q, keys, values, cache.pad)
-    if T == 1 and cache.pad is None:
+        return attend_one_token(q, keys, values, hidden)
+    if T == 1 and hidden is None:
         mask, causal = None, False
-    elif past == 0 and cache.pad is None:
+    elif past == 0 and hidden is None:
         mask, causal = None, True
-    elif cache.pad is None and q.device.type == "cpu":
+    elif hidden is None and q.device.type == "cpu":
         return token_major(attend_past_then_new(q, keys, values, past))
-    else:  # new tokens see the whole cache and, causally, each other; never a row's padding
+    else:  # new tokens see the whole cache and, causally, each other; never a row's hidden positions
         key_index = torch.arange(past + T, device=q.device)
         mask = torch.arange(T, device=q.device)[:, None] + past >= key_index[None, :]
-        if cache.pad is not None:
-            mask = mask & (key_index >= cache.pad[:, None, None, None])  # [B, 1, T, past+T]
+        if hidden is not None:
+            mask = mask & ~hidden[:, None, None, :]  # [B, 1, T, past+T]
         causal = False
     return token_major(F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=True))
 
@@ -47,20 +48,19 @@ def token_major(x: Tensor) -> Tensor:
     return x.transpose(1, 2).contiguous().transpose(1, 2)
 
 
-def attend_one_token(q: Tensor, keys: Tensor, values: Tensor, pad: Tensor | None, last: Tensor | None = None) -> Tensor:
+def attend_one_token(q: Tensor, keys: Tensor, values: Tensor, hidden: Tensor | None, last: Tensor | None = None) -> Tensor:
     """One query per row, q [B, H, 1, D], over the whole cache [B, H_kv, L, D], in fp32.
 
     Two small products: on a CPU they beat torch's flash kernel for a single query several
-    times over, with fp32 scores as exact as the math kernel's. Rows left-padded by a stacked
-    batch never see their padding (keys before `pad[b]`); with `last` ([1]) keys after it are
-    not seen either.
+    times over, with fp32 scores as exact as the math kernel's. A row never sees the keys that
+    `hidden` ([B, L] bool) marks; with `last` ([1]) keys after it are not seen either.
     """
     B, H, _, D = q.shape
     kv_heads, length = keys.shape[1], keys.shape[2]
     grouped = q.reshape(B, kv_heads, H // kv_heads, D).float()  # query head h reads kv head h // group
     scores = torch.matmul(grouped, keys.transpose(-1, -2).float()).mul_(D**-0.5)  # [B, H_kv, group, L]
-    if pad is not None:
-        scores.masked_fill_(torch.arange(length, device=q.device) < pad[:, None, None, None], float("-inf"))
+    if hidden is not None:
+        scores.masked_fill_(hidden[:, None, None, :], float("-inf"))
     if last is not None:
         scores.masked_fill_(torch.arange(length, device=q.device) > last, float("-inf"))
     out = torch.matmul(scores.softmax(dim=-1), values.float())
@@ -75,7 +75,7 @@ def attend_at_slot(q: Tensor, k: Tensor, v: Tensor, cache: KVCache, slot: Tensor
     """
     cache.keys.index_copy_(2, slot, k)
     cache.values.index_copy_(2, slot, v)
-    return attend_one_token(q, cache.keys, cache.values, cache.pad, last=slot)
+    return attend_one_token(q, cache.keys, cache.values, cache.hidden, last=slot)
 
 
 def attend_past_then_new(q: Tensor, keys: Tensor, values: Tensor, past: int) -> Tensor:

@@ -6,6 +6,8 @@
 - ``naive_recurrent_gated_delta_rule``: a plain per-token loop in fp32, the oracle.
 - ``chunk_gated_delta_rule``: the chunked parallel (WY) form, for prefill.
 - ``recurrent_step_gated_delta_rule``: one token, state updated in place, for decode.
+- ``verify_gated_delta_rule``: a short span read from the state without changing it, for
+  verifying drafted tokens; what it returns lands the state after any prefix of the span.
 
 Shared conventions (B batch, T tokens, H value heads, K key dim, V value dim):
 
@@ -24,6 +26,8 @@ Every tier also reports the diagnostics of docs/design.md §4 as ``RecurrenceSta
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -31,12 +35,15 @@ from torch import Tensor
 from summarize.engine.diagnostics import RecurrenceStats
 from summarize.engine.ops.chunk_blocks import block_tokens
 from summarize.engine.ops.gated_delta_rule_fla import fla_chunk_gated_delta_rule, fla_usable
+from summarize.engine.state import Recurrence
 
 __all__ = [
+    "GATED_DELTA_RULE",
     "chunk_gated_delta_rule",
     "gated_delta_rule",
     "naive_recurrent_gated_delta_rule",
     "recurrent_step_gated_delta_rule",
+    "verify_gated_delta_rule",
 ]
 
 DEFAULT_CHUNK_SIZE = 64
@@ -79,6 +86,81 @@ def gated_delta_rule(
     o, final, *stats = _chunk_rule_op(q, k, v, g, beta, state, PREFILL_CHUNK_SIZE, with_stats)
     state.copy_(final)
     return o, RecurrenceStats(*stats) if with_stats else None
+
+
+def verify_gated_delta_rule(
+    *, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor
+) -> tuple[Tensor, PendingDeltaRule]:
+    """The outputs of a short span read from ``state``, which is left as it is, and what lands the
+    state after any prefix of the span (docs/design.md §8).
+
+    One chunk of the WY form: the state is read once for all the span's tokens, and the writes
+    u_t come out of the same pass. Accepting the first n tokens is then one rank-n update of the
+    state, S_n = exp(G_n) S_0 + sum_{t<n} exp(G_n - G_t) k_t u_t^T: no token is run again.
+
+    Args:
+        q, k: [B, T, H_k, K], L2-normalised over K (heads grouped as in ``gated_delta_rule``).
+        v: [B, T, H, V].
+        g: [B, T, H], log-space decay <= 0.
+        beta: [B, T, H], in (0, 1).
+        state: [B, H, K, V] fp32; only read.
+
+    Returns:
+        o: [B, T, H, V] in v.dtype; the ``PendingDeltaRule`` that lands a prefix.
+    """
+    groups = v.shape[2] // k.shape[2]
+    if groups > 1:
+        q, k = q.repeat_interleave(groups, dim=2), k.repeat_interleave(groups, dim=2)
+    _check_shapes(q, k, v, g, beta)
+    T, K = k.shape[1], k.shape[-1]
+    heads_first = (lambda x: x.float().transpose(1, 2))  # [B, T, H, *] -> [B, H, T, *]
+    qf, kf, vf = heads_first(q) * K**-0.5, heads_first(k), heads_first(v)
+    gf, bf = heads_first(g), heads_first(beta)  # [B, H, T]
+    gcum = gf.cumsum(-1)
+    upper = torch.ones(T, T, dtype=torch.bool, device=k.device).triu_(1)
+    decay = (gcum[..., :, None] - gcum[..., None, :]).masked_fill_(upper, float("-inf")).exp_()  # [B, H, T, T]
+    gexp = gcum.exp()[..., None]
+    read = torch.matmul(torch.cat((qf * gexp, kf * (bf[..., None] * gexp)), dim=-2), state)  # [B, H, 2T, V]
+    lower = torch.matmul(kf, kf.transpose(-1, -2)).mul_(decay).mul_(bf[..., None])
+    eye = torch.eye(T, dtype=torch.float32, device=k.device).expand_as(lower)
+    t_inv = torch.linalg.solve_triangular(lower, eye, upper=False, unitriangular=True)
+    u = torch.matmul(t_inv, vf * bf[..., None] - read[..., T:, :])  # [B, H, T, V]: what each token writes
+    o = read[..., :T, :] + torch.matmul(torch.matmul(qf, kf.transpose(-1, -2)).mul_(decay), u)
+    return o.transpose(1, 2).to(v.dtype), PendingDeltaRule(k=kf, u=u, g=gf, gcum=gcum)
+
+
+@dataclass
+class PendingDeltaRule:
+    """What ``verify_gated_delta_rule`` read: k [B, H, T, K], the writes u [B, H, T, V], the log
+    decays g and their running sums gcum [B, H, T], all fp32."""
+
+    k: Tensor
+    u: Tensor
+    g: Tensor
+    gcum: Tensor
+
+    def land(self, state: Tensor, counts: Tensor, with_stats: bool) -> RecurrenceStats | None:
+        """Advance ``state`` [B, H, K, V] in place by the first counts[b] tokens of row b
+        (counts [B], 1 <= counts <= T); the stats are those of the accepted tokens."""
+        B, H, T = self.gcum.shape
+        taken = torch.arange(T, device=counts.device) < counts[:, None]  # [B, T]
+        g_last = self.gcum.gather(-1, (counts - 1).view(B, 1, 1).expand(B, H, 1))  # [B, H, 1]
+        # exp(G_n - G_t) for the accepted tokens, 0 for the others (masked before exp: no overflow)
+        carry = (g_last - self.gcum).masked_fill_(~taken[:, None], float("-inf")).exp_()
+        state.mul_(g_last.exp()[..., None]).add_(torch.matmul((self.k * carry[..., None]).transpose(-1, -2), self.u))
+        if not with_stats:
+            return None
+        n = counts.float()
+        delta = (self.k.norm(dim=-1) * self.u.norm(dim=-1)).square().sum(1).sqrt()  # [B, T], heads in quadrature
+        return RecurrenceStats(
+            state_norm=state.reshape(B, -1).norm(dim=-1),
+            gate_mean=(self.g.exp() * taken[:, None]).sum(dim=(1, 2)) / (n * H),
+            delta_norm=(delta * taken).sum(-1) / n,
+        )
+
+
+# how a layer state runs it (state.Recurrence): advancing, or verifying a draft
+GATED_DELTA_RULE = Recurrence(advance=gated_delta_rule, verify=verify_gated_delta_rule)
 
 
 def naive_recurrent_gated_delta_rule(

@@ -6,6 +6,8 @@
 - ``naive_recurrent_rwkv7``: a plain per-token loop in fp32, the oracle.
 - ``chunk_rwkv7``: the chunked parallel form, for prefill.
 - ``recurrent_step_rwkv7``: one token, state updated in place, for decode.
+- ``verify_rwkv7``: a short span read from the state without changing it, for verifying drafted
+  tokens; what it returns lands the state after any prefix of the span.
 
 Shared conventions (B batch, T tokens, H heads, K = V = head size):
 
@@ -34,6 +36,7 @@ into the state, ||b_t u_t^T + k_t v_t^T||_F, heads summed in quadrature.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -42,8 +45,9 @@ from torch import Tensor
 from summarize.engine.diagnostics import RecurrenceStats
 from summarize.engine.ops.chunk_blocks import block_tokens
 from summarize.engine.ops.rwkv7_wkv_fla import fla_chunk_rwkv7, fla_usable
+from summarize.engine.state import Recurrence
 
-__all__ = ["chunk_rwkv7", "naive_recurrent_rwkv7", "recurrent_step_rwkv7", "rwkv7_wkv"]
+__all__ = ["RWKV7_WKV", "chunk_rwkv7", "naive_recurrent_rwkv7", "recurrent_step_rwkv7", "rwkv7_wkv", "verify_rwkv7"]
 
 DEFAULT_CHUNK_SIZE = 32  # measured on CPU: 16-32 beat 64 (fewer wasted upper-triangle products)
 LOG_DECAY_MIN = -math.exp(-0.5)  # log w >= this (w = exp(-e^{-1/2} sigmoid(.))): keeps the chunk form finite
@@ -78,6 +82,93 @@ def rwkv7_wkv(
     o, final, stats = result or chunk_rwkv7(**inputs, initial_state=state, with_stats=with_stats)
     state.copy_(final)
     return o, stats
+
+
+def verify_rwkv7(
+    *, r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, state: Tensor, dtype: torch.dtype | None = None
+) -> tuple[Tensor, PendingRWKV7]:
+    """The outputs of a short span read from ``state``, which is left as it is, and what lands the
+    state after any prefix of the span (docs/design.md §8).
+
+    One chunk of the chunked form (see ``chunk_rwkv7``): the state is read once for the reads u_t
+    and the outputs of every token. Accepting the first n tokens is then one update of the state,
+    S_n = diag(exp(c_n)) S_0 + sum_{t<=n} diag(exp(c_n - c_t)) (b_t u_t^T + k_t v_t^T).
+
+    Args:
+        r, k, a, b: [B, T, H, K], T <= MAX_CHUNK_SIZE.
+        log_w: [B, T, H, K], log-space decay in [-exp(-1/2), 0].
+        v: [B, T, H, V].
+        state: [B, H, K, V] fp32; only read.
+        dtype: unused (the entry point's signature).
+
+    Returns:
+        o: [B, T, H, V] fp32; the ``PendingRWKV7`` that lands a prefix.
+    """
+    _check_shapes(r, log_w, k, v, a, b)
+    T = k.shape[1]
+    if T > MAX_CHUNK_SIZE:
+        raise ValueError(f"verify_rwkv7 reads at most {MAX_CHUNK_SIZE} tokens, got {T}")
+    rf, lw, kf, vf, af, bf = (x.float().transpose(1, 2) for x in (r, log_w, k, v, a, b))  # [B, H, T, *]
+    c = lw.cumsum(dim=2)
+    grow = c.exp()
+    shrink = grow.reciprocal()  # finite: |c| <= 0.61 T
+    a_dec = af * (c - lw).exp()  # a_t exp(c_{t-1}): a reads the state before token t decays it
+    strict = torch.ones(T, T, dtype=torch.bool, device=k.device).tril_(-1)
+    incl = torch.ones(T, T, dtype=torch.bool, device=k.device).tril_()
+    b_sh, k_sh = (bf * shrink).transpose(-1, -2), (kf * shrink).transpose(-1, -2)
+    a_b = torch.matmul(a_dec, b_sh).masked_fill_(~strict, 0)
+    a_k = torch.matmul(a_dec, k_sh).masked_fill_(~strict, 0)
+    r_grow = rf * grow
+    r_b = torch.matmul(r_grow, b_sh).masked_fill_(~incl, 0)
+    r_k = torch.matmul(r_grow, k_sh).masked_fill_(~incl, 0)
+    eye = torch.eye(T, dtype=torch.float32, device=k.device).expand_as(a_b)
+    t_inv = torch.linalg.solve_triangular(eye - a_b, eye, upper=False, unitriangular=True)
+    read = torch.matmul(torch.cat((a_dec, r_grow), dim=2), state)  # [B, H, 2T, V]: one read of the state
+    u = torch.matmul(t_inv, read[:, :, :T] + torch.matmul(a_k, vf))  # [B, H, T, V]
+    o = read[:, :, T:] + torch.matmul(r_b, u) + torch.matmul(r_k, vf)
+    return o.transpose(1, 2), PendingRWKV7(b=bf, k=kf, u=u, v=vf, log_w=lw, c=c)
+
+
+@dataclass
+class PendingRWKV7:
+    """What ``verify_rwkv7`` read, fp32, heads first: b, k and the log decays log_w [B, H, T, K],
+    their running sums c, the reads u and the values v [B, H, T, V]."""
+
+    b: Tensor
+    k: Tensor
+    u: Tensor
+    v: Tensor
+    log_w: Tensor
+    c: Tensor
+
+    def land(self, state: Tensor, counts: Tensor, with_stats: bool) -> RecurrenceStats | None:
+        """Advance ``state`` [B, H, K, V] in place by the first counts[b] tokens of row b
+        (counts [B], 1 <= counts <= T); the stats are those of the accepted tokens."""
+        B, H, T, K = self.c.shape
+        taken = torch.arange(T, device=counts.device) < counts[:, None]  # [B, T]
+        c_last = self.c.gather(2, (counts - 1).view(B, 1, 1, 1).expand(B, H, 1, K))  # [B, H, 1, K]
+        # exp(c_n - c_t) for the accepted tokens, 0 for the others (masked before exp: no overflow)
+        carry = (c_last - self.c).masked_fill_(~taken[:, None, :, None], float("-inf")).exp_()
+        written = torch.cat((self.b * carry, self.k * carry), dim=2).transpose(-1, -2)  # [B, H, K, 2T]
+        state.mul_(c_last.exp().transpose(-1, -2)).add_(torch.matmul(written, torch.cat((self.u, self.v), dim=2)))
+        if not with_stats:
+            return None
+        n = counts.float()
+        # ||b u^T + k v^T||_F^2 = |b|^2 |u|^2 + |k|^2 |v|^2 + 2 (b.k)(u.v), per token and head
+        sq = (
+            self.b.square().sum(-1) * self.u.square().sum(-1) + self.k.square().sum(-1) * self.v.square().sum(-1)
+            + 2 * (self.b * self.k).sum(-1) * (self.u * self.v).sum(-1)
+        )
+        delta = sq.clamp_(min=0).sum(1).sqrt()  # [B, T]
+        return RecurrenceStats(
+            state_norm=state.reshape(B, -1).norm(dim=-1),
+            gate_mean=(self.log_w.exp() * taken[:, None, :, None]).sum(dim=(1, 2, 3)) / (n * H * K),
+            delta_norm=(delta * taken).sum(-1) / n,
+        )
+
+
+# how a layer state runs it (state.Recurrence): advancing, or verifying a draft
+RWKV7_WKV = Recurrence(advance=rwkv7_wkv, verify=verify_rwkv7)
 
 
 def naive_recurrent_rwkv7(

@@ -1,0 +1,215 @@
+"""Speculative decoding on the 0.8B shape: what verifying drafts costs, what landing the state
+costs, and what tokens/s it gives at a known share of drafts kept.
+
+    python bench/bench_speculative.py --folder /tmp/qwen3.5-0.8B-random    # bf16, about 15 minutes
+    python bench/bench_speculative.py --folder /tmp/qwen3.5-0.8B-random --quick   # under 10 minutes
+    python bench/bench_speculative.py --tiny                                  # self-test, < 1 min
+
+Prints one markdown table (stdout; progress on stderr) and, last, the line
+`speculative: verify8 X.XXx a step, 0% X.XXx, 50% X.XXx, 70% X.XXx plain decode`.
+
+Method
+- The model loads as `summarize` loads it (compiled steps for this size), in --dtype, with
+  --threads threads; the prompt is --prompt random token ids, prefilled once per row.
+- (i) Verify k: one `model.verify` of [last token, k drafts] followed by `model.accept` of all of
+  them, against one `model.decode` step, at B = 1 and B = --batch. Calls alternate (step,
+  verify, step, ...), --repeats pairs after a warm-up; the figure is the median of the ratios of
+  the calls made back to back, so the machine's drifting speed cancels.
+- (ii) Rollback: `model.accept` of the last token only (every draft rejected) after a verify of 8
+  drafts: the time to land the state, against a decode step. Nothing is run again.
+- (iii) Tokens/s at a share of drafts kept. Random weights copy nothing, so an oracle drafts:
+  a plain greedy run first gives the model's own continuation; at acceptance a, every draft is
+  k = 8 tokens of which the first round(a·k) are that continuation and the rest are wrong. The
+  drafter offers its k tokens whenever the row drafts at all; the length controller
+  (`drafts.DraftLength`) still decides when to pause, as it does in `summarize`. Each run
+  generates --tokens greedy tokens from the same prompt; random weights never emit a stop token,
+  so every run is exactly --tokens long. Plain and speculative runs alternate, --runs pairs per
+  share; the figure is the median of the paired ratios of tokens/s. The outputs are checked
+  equal to the plain run's.
+- (iv) llama.cpp's n-gram speculation is not run here: it needs llama.cpp built beside us
+  (bench/README.md has the recipe) and a text it can copy from; its cell shows –.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from summarize.engine import load_model  # noqa: E402
+from summarize.engine.generate import generate_batch  # noqa: E402
+from summarize.engine.tokenizer import Tokenizer  # noqa: E402
+
+VERIFY_DRAFTS = (1, 2, 4, 8)
+SHARES = (0.0, 0.3, 0.5, 0.7, 0.9)
+ORACLE_DRAFTS = 8
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def prompt_state(model, batch: int, prompt: torch.Tensor):
+    state = model.new_state(batch)
+    logits = model.prefill(prompt.expand(batch, -1).contiguous(), state)
+    return state, logits.max(dim=-1).indices
+
+
+def verify_costs(model, batch: int, prompt: torch.Tensor, repeats: int) -> dict:
+    """Median ratio, verify k + accept all against one decode step; and the rollback's cost."""
+    state, token = prompt_state(model, batch, prompt)
+    vocab = model.cfg.vocab_size
+    gen = torch.Generator().manual_seed(0)
+
+    def step():
+        model.decode(token, state)
+
+    def verify(k: int, kept: int):
+        def run():
+            span = torch.randint(0, vocab, (batch, k + 1), generator=gen)
+            model.verify(span, state)
+            model.accept(state, torch.full((batch,), kept))
+        return run
+
+    result = {}
+    for k in VERIFY_DRAFTS:
+        run = verify(k, k + 1)
+        step(), run()  # warm-up
+        ratios = [timed(run) / timed(step) for _ in range(repeats)]
+        result[k] = statistics.median(ratios)
+    # the rollback: landing after the last token only, timed on its own
+    span = torch.randint(0, vocab, (batch, 9), generator=gen)
+    rollback, steps = [], []
+    for _ in range(repeats):
+        model.verify(span, state)
+        rollback.append(timed(lambda: model.accept(state, torch.ones(batch, dtype=torch.long))))
+        steps.append(timed(step))
+    result["rollback"] = statistics.median(r / s for r, s in zip(rollback, steps))
+    result["rollback_ms"] = statistics.median(rollback) * 1e3
+    result["step_ms"] = statistics.median(steps) * 1e3
+    return result
+
+
+class Oracle:
+    """Drafts `k` tokens: the first round(share·k) of the model's own continuation, the rest wrong."""
+
+    def __init__(self, reference: list[int], share: float, vocab: int, k: int = ORACLE_DRAFTS) -> None:
+        self.reference, self.right, self.vocab, self.k = reference, round(share * k), vocab, k
+        self.seen = 0
+
+    def append(self, token: int) -> None:
+        self.seen += 1
+
+    def propose(self, length: int) -> list[int]:
+        if length == 0:  # the length controller paused this row
+            return []
+        right = self.reference[self.seen : self.seen + self.right]
+        wrong = [(t + 1) % self.vocab for t in self.reference[self.seen + len(right) : self.seen + self.k]]
+        return (right + wrong)[: self.k]
+
+
+def throughput(model, tokenizer, prompt: torch.Tensor, tokens: int, runs: int) -> dict:
+    vocab = model.cfg.vocab_size
+
+    def run(drafters=None):
+        state = model.new_state(1)
+        first = model.prefill(prompt, state)
+        start = time.perf_counter()
+        out = generate_batch(model, None, state, tokenizer=tokenizer, stop_ids=[], max_new_tokens=tokens,
+                             first_logits=first, speculate=ORACLE_DRAFTS if drafters else 0, drafters=drafters)[0]
+        return out, len(out.token_ids) / (time.perf_counter() - start)
+
+    reference, _ = run()  # warm-up, and the continuation the oracle copies
+    result = {}
+    for share in SHARES:
+        ratios, kept = [], []
+        for _ in range(runs):
+            plain, plain_rate = run()
+            spec, spec_rate = run([Oracle(reference.token_ids, share, vocab)])
+            if spec.token_ids != plain.token_ids or plain.token_ids != reference.token_ids:
+                raise SystemExit(f"speculative output differs from plain output at share {share}")
+            ratios.append(spec_rate / plain_rate)
+            kept.append(spec.accepted_tokens / max(spec.draft_tokens, 1))
+        result[share] = (statistics.median(ratios), statistics.mean(kept), plain_rate, spec_rate)
+        log(f"  share {share:.0%}: {result[share][0]:.2f}x plain ({plain_rate:.1f} -> {spec_rate:.1f} tok/s)")
+    return result
+
+
+def build_tiny(folder: Path) -> Path:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_models import dense_reference, save_checkpoint
+
+    return save_checkpoint(dense_reference(vocab_size=248320), folder)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--folder", type=Path, help="a Qwen3.5 checkpoint (bench/random_checkpoint.py 0.8B FOLDER)")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--tokens", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and tokens: under 10 minutes")
+    parser.add_argument("--tiny", action="store_true", help="a tiny random model: checks the script, not speed")
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.runs, args.tokens = 5, 2, 64
+    torch.set_num_threads(args.threads)
+    scratch = tempfile.TemporaryDirectory()
+    if args.tiny:
+        args.folder, args.dtype, args.tokens, args.repeats, args.runs = build_tiny(Path(scratch.name) / "tiny"), "float32", 32, 3, 1
+    if args.folder is None:
+        parser.error("give --folder (bench/random_checkpoint.py 0.8B FOLDER writes one) or --tiny")
+    log(f"loading {args.folder} ({args.dtype}, {args.threads} threads)")
+    model = load_model(str(args.folder), device="cpu", dtype=getattr(torch, args.dtype))
+    tokenizer = Tokenizer.from_file(str(args.folder / "tokenizer.json")) if (args.folder / "tokenizer.json").is_file() else None
+    if tokenizer is None:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from test_generate import TOK as tokenizer
+    vocab = model.cfg.vocab_size
+    prompt = torch.randint(0, vocab, (1, args.prompt), generator=torch.Generator().manual_seed(1))
+
+    costs = {}
+    for batch in (1, args.batch):
+        log(f"verify costs at B={batch}")
+        costs[batch] = verify_costs(model, batch, prompt, args.repeats)
+    log("tokens/s at shares of drafts kept (B=1)")
+    rates = throughput(model, tokenizer, prompt, args.tokens, args.runs)
+
+    print(f"\n0.8B shape, {args.dtype}, {args.threads} threads, prompt {args.prompt} tokens, "
+          f"{args.tokens} tokens per run, compiled: {model.compiled is not None}\n")
+    print("| figure | B=1 | B=%d |" % args.batch)
+    print("|---|---|---|")
+    print(f"| one decode step, ms | {costs[1]['step_ms']:.1f} | {costs[args.batch]['step_ms']:.1f} |")
+    for k in VERIFY_DRAFTS:
+        print(f"| verify {k} + land, × a step | {costs[1][k]:.2f} | {costs[args.batch][k]:.2f} |")
+    print(f"| rollback (land after 0 of 8 kept), × a step | {costs[1]['rollback']:.3f} | {costs[args.batch]['rollback']:.3f} |")
+    print(f"| rollback, ms | {costs[1]['rollback_ms']:.2f} | {costs[args.batch]['rollback_ms']:.2f} |")
+    print("\n| drafts kept (oracle, k = 8) | share measured | plain tok/s | speculative tok/s | × plain decode | llama.cpp n-gram |")
+    print("|---|---|---|---|---|---|")
+    for share in SHARES:
+        ratio, kept, plain_rate, spec_rate = rates[share]
+        print(f"| {share:.0%} | {kept:.0%} | {plain_rate:.1f} | {spec_rate:.1f} | {ratio:.2f} | – |")
+    print(f"\nspeculative: verify8 {costs[1][8]:.2f}x a step, 0% {rates[0.0][0]:.2f}x, "
+          f"50% {rates[0.5][0]:.2f}x, 70% {rates[0.7][0]:.2f}x plain decode")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+"""Speculative decoding: a verified draft lands the state exactly where running the kept tokens one
+by one would, and generation gives the same tokens (greedy) or the same distribution (sampled).
+
+Tolerances: fp32 throughout; the verify tiers agree with the step-by-step oracle within 1e-5
+(their sums run in another order), models' logits within 1e-4.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from summarize.engine import load_model
+from summarize.engine.drafts import FIRST_PAUSE, DraftLength, PromptLookup
+from summarize.engine.generate import SamplingParams, generate_batch
+from summarize.engine.ops.gated_delta_rule import naive_recurrent_gated_delta_rule, verify_gated_delta_rule
+from summarize.engine.ops.rwkv7_wkv import naive_recurrent_rwkv7, verify_rwkv7
+from summarize.engine.state import KV_GROWTH_TOKENS
+from test_generate import TOK
+from tiny_models import RWKV_TINY, blinkdl_checkpoint, dense_reference, moe_reference, save_checkpoint
+
+OP_TOL = 1e-5
+LOGITS_TOL = 1e-4
+
+
+# -- the ops' verify tier against the oracle ---------------------------------------------------
+
+
+def delta_rule_inputs(B: int, T: int, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    Hk, H, K, V = 2, 4, 8, 6
+    return dict(
+        q=F.normalize(torch.randn(B, T, Hk, K, generator=g), dim=-1),
+        k=F.normalize(torch.randn(B, T, Hk, K, generator=g), dim=-1),
+        v=torch.randn(B, T, H, V, generator=g),
+        g=-torch.rand(B, T, H, generator=g),
+        beta=torch.rand(B, T, H, generator=g),
+    ), torch.randn(B, H, K, V, generator=g)
+
+
+def rwkv7_inputs(B: int, T: int, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    H, K = 2, 8
+    kk = F.normalize(torch.randn(B, T, H, K, generator=g), dim=-1)
+    return dict(
+        r=torch.randn(B, T, H, K, generator=g),
+        log_w=-math.exp(-0.5) * torch.rand(B, T, H, K, generator=g),
+        k=0.3 * torch.randn(B, T, H, K, generator=g),
+        v=torch.randn(B, T, H, K, generator=g),
+        a=-kk,
+        b=kk * torch.rand(B, T, H, K, generator=g),
+    ), torch.randn(B, H, K, K, generator=g)
+
+
+def grouped(x: dict) -> dict:
+    """The delta rule's oracle takes k heads already repeated to the value heads."""
+    groups = x["v"].shape[2] // x["k"].shape[2]
+    return x | {name: x[name].repeat_interleave(groups, dim=2) for name in ("q", "k")}
+
+
+@pytest.mark.parametrize("T", [1, 5, 9])
+def test_a_verified_delta_rule_span_lands_on_every_prefix_as_the_oracle_does(T):
+    x, state = delta_rule_inputs(3, T)
+    before = state.clone()
+    o, pending = verify_gated_delta_rule(**x, state=state)
+    assert torch.equal(state, before)  # verifying reads the state only
+    want_o, _ = naive_recurrent_gated_delta_rule(**grouped(x), initial_state=state)
+    assert (o - want_o).abs().max() < OP_TOL
+    for n in range(1, T + 1):
+        landed = state.clone()
+        pending.land(landed, torch.full((3,), n), with_stats=False)
+        _, want = naive_recurrent_gated_delta_rule(**grouped({k: v[:, :n] for k, v in x.items()}), initial_state=state)
+        assert (landed - want).abs().max() < OP_TOL
+
+
+@pytest.mark.parametrize("T", [1, 5, 9])
+def test_a_verified_rwkv7_span_lands_on_every_prefix_as_the_oracle_does(T):
+    x, state = rwkv7_inputs(3, T)
+    before = state.clone()
+    o, pending = verify_rwkv7(**x, state=state)
+    assert torch.equal(state, before)
+    want_o, _ = naive_recurrent_rwkv7(**x, initial_state=state)
+    assert (o - want_o).abs().max() < OP_TOL
+    for n in range(1, T + 1):
+        landed = state.clone()
+        pending.land(landed, torch.full((3,), n), with_stats=False)
+        _, want = naive_recurrent_rwkv7(**{k: v[:, :n] for k, v in x.items()}, initial_state=state)
+        assert (landed - want).abs().max() < OP_TOL
+
+
+@pytest.mark.parametrize("family", ["delta_rule", "rwkv7"])
+def test_rows_land_on_their_own_prefixes_with_the_stats_of_their_kept_tokens(family):
+    from summarize.engine.ops.gated_delta_rule import recurrent_step_gated_delta_rule
+    from summarize.engine.ops.rwkv7_wkv import recurrent_step_rwkv7
+
+    T, counts = 6, torch.tensor([1, 4, 6])
+    if family == "delta_rule":
+        x, state = delta_rule_inputs(3, T, seed=1)
+        verify, step, per_token = verify_gated_delta_rule, recurrent_step_gated_delta_rule, grouped(x)
+    else:
+        x, state = rwkv7_inputs(3, T, seed=1)
+        verify, step, per_token = verify_rwkv7, recurrent_step_rwkv7, x
+    _, pending = verify(**x, state=state)
+    landed = state.clone()
+    stats = pending.land(landed, counts, with_stats=True)
+    for row, n in enumerate(counts.tolist()):
+        s = state[row : row + 1].clone()
+        steps = [step(**{k: v[row : row + 1, t] for k, v in per_token.items()}, state=s, with_stats=True)[1] for t in range(n)]
+        assert (landed[row] - s[0]).abs().max() < OP_TOL
+        assert stats.state_norm[row] == pytest.approx(steps[-1].state_norm.item(), rel=1e-5)
+        assert stats.gate_mean[row] == pytest.approx(sum(s.gate_mean.item() for s in steps) / n, rel=1e-5)
+        assert stats.delta_norm[row] == pytest.approx(sum(s.delta_norm.item() for s in steps) / n, rel=1e-5)
+
+
+# -- models: verify + accept against decoding the kept tokens one by one ------------------------
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("speculative")
+    return {
+        "dense": (load_model(str(save_checkpoint(dense_reference(), root / "dense")), device="cpu", dtype=torch.float32), 384),
+        "moe": (load_model(str(save_checkpoint(moe_reference(), root / "moe")), device="cpu", dtype=torch.float32), 384),
+        "rwkv7": (load_model(str(blinkdl_checkpoint(root / "rwkv.pth", **RWKV_TINY)), device="cpu", dtype=torch.float32), 512),
+    }
+
+
+FAMILIES = ["dense", "moe", "rwkv7"]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_rows_that_keep_different_lengths_continue_as_if_they_had_decoded_them(models, name):
+    model, vocab = models[name]
+    g = torch.Generator().manual_seed(1)
+    prompt, span, counts = torch.randint(0, vocab, (3, 11), generator=g), torch.randint(0, vocab, (3, 6), generator=g), torch.tensor([1, 4, 6])
+    after = torch.randint(0, vocab, (3, 2), generator=g)
+
+    state = model.new_state(3)
+    model.prefill(prompt, state)
+    verified = model.verify(span, state)
+    model.accept(state, counts)
+    # two more rounds: a plain decode step over the hidden positions, then a second draft
+    continued = [model.decode(after[:, 0], state), model.verify(after[:, 1:], state)[:, 0]]
+    model.accept(state, torch.ones(3, dtype=torch.long))
+
+    for row, n in enumerate(counts.tolist()):
+        one = model.new_state(1)
+        model.prefill(prompt[row : row + 1], one)
+        stepped = torch.stack([model.decode(span[row : row + 1, t], one) for t in range(6)], dim=1)
+        assert (verified[row] - stepped[0]).abs().max() < LOGITS_TOL
+        one = model.new_state(1)
+        model.prefill(torch.cat([prompt[row], span[row, :n]])[None], one)
+        for t, logits in enumerate(continued):
+            assert (logits[row] - model.decode(after[row : row + 1, t], one)[0]).abs().max() < LOGITS_TOL
+
+
+def noisy_copy(tokens: list[int], vocab: int, every: int, first: int) -> list[int]:
+    """`tokens` with every `every`-th from `first` changed: drafts taken from it are kept only in part."""
+    out = list(tokens)
+    for i in range(first, len(out), every):
+        out[i] = (out[i] + 1) % vocab
+    return out
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(presence_penalty=1.5)], ids=["greedy", "greedy-penalty"])
+def test_greedy_output_is_the_same_with_and_without_speculation(models, name, sampling):
+    model, vocab = models[name]
+    prompts = torch.randint(0, vocab, (3, 9), generator=torch.Generator().manual_seed(3))
+
+    def run(speculate: int, contexts=None):
+        return generate_batch(model, prompts, model.new_state(3), tokenizer=TOK, stop_ids=[], max_new_tokens=48,
+                              sampling=sampling, speculate=speculate, contexts=contexts)
+
+    plain = run(0)
+    # drafts looked up in a damaged copy of the answer: each row keeps different lengths
+    contexts = [prompts[row].tolist() + noisy_copy(gen.token_ids, vocab, 7 + row, 5 + 3 * row) for row, gen in enumerate(plain)]
+    speculative = run(8, contexts)
+    assert [g.token_ids for g in speculative] == [g.token_ids for g in plain]
+    assert all(0 < g.accepted_tokens < g.draft_tokens for g in speculative)
+    assert len({g.accepted_tokens for g in speculative}) > 1
+
+
+def test_greedy_output_is_the_same_across_a_kv_cache_growth(models):
+    model, vocab = models["dense"]
+    prompt = torch.randint(0, vocab, (1, KV_GROWTH_TOKENS - 10), generator=torch.Generator().manual_seed(4))
+    plain = generate_batch(model, prompt, model.new_state(1), tokenizer=TOK, stop_ids=[], max_new_tokens=40)[0]
+    speculative = generate_batch(model, prompt, model.new_state(1), tokenizer=TOK, stop_ids=[], max_new_tokens=40,
+                                 speculate=8, contexts=[prompt[0].tolist() + plain.token_ids])[0]
+    assert speculative.token_ids == plain.token_ids
+    assert speculative.accepted_tokens > 20
+
+
+def test_a_stop_token_inside_an_accepted_draft_ends_the_row_there(models):
+    model, vocab = models["rwkv7"]
+    prompt = torch.randint(0, vocab, (1, 9), generator=torch.Generator().manual_seed(5))
+    plain = generate_batch(model, prompt, model.new_state(1), tokenizer=TOK, stop_ids=[], max_new_tokens=30)[0]
+    stop = plain.token_ids[12]
+    first = plain.token_ids.index(stop)
+    want = generate_batch(model, prompt, model.new_state(1), tokenizer=TOK, stop_ids=[stop], max_new_tokens=30)[0]
+    got = generate_batch(model, prompt, model.new_state(1), tokenizer=TOK, stop_ids=[stop], max_new_tokens=30,
+                         speculate=8, contexts=[prompt[0].tolist() + plain.token_ids])[0]
+    assert got.token_ids == want.token_ids == plain.token_ids[:first]
+    assert got.stop_reason == "stop"
+
+
+# -- sampling keeps its distribution -----------------------------------------------------------
+
+
+class MarkovModel:
+    """logits = table[last token] on a vocabulary of 4, with verify/accept: exact probabilities known."""
+
+    def __init__(self) -> None:
+        self.table = torch.tensor([[2.0, 0.5, -1.0, 0.0], [0.0, 1.5, 0.3, -0.5], [1.0, -1.0, 1.0, 0.2], [0.3, 0.3, 0.3, 1.2]])
+
+    def new_state(self, batch: int):
+        return {"last": torch.zeros(batch, dtype=torch.long)}
+
+    def prefill(self, input_ids, state):
+        state["last"] = input_ids[:, -1].clone()
+        return self.table[state["last"]]
+
+    def decode(self, token_ids, state):
+        state["last"] = token_ids.clone()
+        return self.table[token_ids]
+
+    def verify(self, token_ids, state):
+        state["span"] = token_ids
+        return self.table[token_ids]
+
+    def accept(self, state, counts, drafted=None):
+        state["last"] = state["span"].gather(1, (counts - 1)[:, None])[:, 0]
+
+
+def test_sampled_output_keeps_its_distribution():
+    model, rows, steps = MarkovModel(), 20000, 3
+    prompts = torch.zeros(rows, 1, dtype=torch.long)
+    # drafts: prompt lookup in a context where every token is followed by 0, then 1: often right, often wrong
+    contexts = [[0, 1, 0, 3, 0, 1, 2, 0, 0]] * rows
+    sampling = SamplingParams(temperature=1.0, seed=7)
+    out = generate_batch(model, prompts, model.new_state(rows), tokenizer=TOK, stop_ids=[], max_new_tokens=steps,
+                         sampling=sampling, speculate=4, contexts=contexts)
+    assert sum(g.accepted_tokens for g in out) > rows // 2  # drafts were really kept
+    probs = model.table.softmax(-1)
+    expected = torch.zeros(4, 4, 4)
+    for a in range(4):
+        for b in range(4):
+            for c in range(4):
+                expected[a, b, c] = probs[0, a] * probs[a, b] * probs[b, c]
+    counts = torch.zeros(4, 4, 4)
+    for g in out:
+        counts[tuple(g.token_ids)] += 1
+    chi2 = ((counts - rows * expected) ** 2 / (rows * expected)).sum().item()
+    assert chi2 < 120.0  # 63 degrees of freedom: the 0.999 quantile is about 103; seeded, so not flaky
+
+
+# -- drafters ----------------------------------------------------------------------------------
+
+
+def test_prompt_lookup_continues_the_latest_occurrence_of_the_longest_suffix():
+    lookup = PromptLookup([5, 6, 7, 8, 1, 6, 7, 9, 2, 7, 4])
+    for token in (6, 7):
+        lookup.append(token)
+    assert lookup.propose(3) == [9, 2, 7]  # "6 7" last seen before 9 (not before 8)
+    lookup.append(3)
+    assert lookup.propose(3) == []  # 3 never came before
+    lookup.append(7)
+    assert lookup.propose(2) == [3, 7]  # "3 7" unseen; the latest "7" before it was followed by 3
+    assert lookup.propose(0) == []
+
+
+def test_draft_length_grows_while_drafts_are_kept_and_pauses_after_rejections():
+    length = DraftLength(8)
+    assert length.next() == 8
+    length.update(8, 3)
+    assert length.next() == 4
+    length.update(4, 4)
+    assert length.next() == 6
+    length.update(6, 0)
+    assert [length.next() for _ in range(FIRST_PAUSE)] == [0] * FIRST_PAUSE
+    assert length.next() == 1
+    length.update(1, 0)
+    assert [length.next() for _ in range(2 * FIRST_PAUSE)] == [0] * (2 * FIRST_PAUSE)
+    length.update(0, 0)  # no draft: nothing learnt
+    assert length.next() == 1
