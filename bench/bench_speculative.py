@@ -6,7 +6,8 @@ costs, and what tokens/s it gives at a known share of drafts kept.
     python bench/bench_speculative.py --tiny                                  # self-test, < 1 min
 
 Prints one markdown table (stdout; progress on stderr) and, last, the line
-`speculative: verify8 X.XXx a step, 0% X.XXx, 50% X.XXx, 70% X.XXx plain decode`.
+`speculative: verify8 X.XXx a step, 0% X.XXx, 50% X.XXx, 70% X.XXx plain decode` (the shares as
+`summarize` plans its drafts).
 
 Method
 - The model loads as `summarize` loads it (compiled steps for this size), in --dtype, with
@@ -19,9 +20,11 @@ Method
   drafts: the time to land the state, against a decode step. Nothing is run again.
 - (iii) Tokens/s at a share of drafts kept. Random weights copy nothing, so an oracle drafts:
   a plain greedy run first gives the model's own continuation; at acceptance a, every draft is
-  k = 8 tokens of which the first round(a·k) are that continuation and the rest are wrong. The
-  drafter offers its k tokens whenever the row drafts at all; the length controller
-  (`drafts.DraftLength`) still decides when to pause, as it does in `summarize`. Each run
+  k = 8 tokens of which the first round(a·k) are that continuation and the rest are wrong. Two
+  ways: "always 8 drafts" tells the planner verifying is free, so every step verifies all 8 (the
+  mechanism's own speed); "as summarize plans" lets `drafts.DraftPlanner` learn what verifying
+  costs and how often drafts are kept, and draft only where it pays (what a user gets); what it
+  learns stays from run to run, as in a session, after one untimed run to learn it. Each run
   generates --tokens greedy tokens from the same prompt; random weights never emit a stop token,
   so every run is exactly --tokens long. Plain and speculative runs alternate, --runs pairs per
   share; the figure is the median of the paired ratios of tokens/s. The outputs are checked
@@ -45,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from summarize.engine import load_model  # noqa: E402
+from summarize.engine.drafts import DraftCosts  # noqa: E402
 from summarize.engine.generate import generate_batch  # noqa: E402
 from summarize.engine.tokenizer import Tokenizer  # noqa: E402
 
@@ -115,37 +119,52 @@ class Oracle:
         self.seen += 1
 
     def propose(self, length: int) -> list[int]:
-        if length == 0:  # the length controller paused this row
-            return []
         right = self.reference[self.seen : self.seen + self.right]
         wrong = [(t + 1) % self.vocab for t in self.reference[self.seen + len(right) : self.seen + self.k]]
-        return (right + wrong)[: self.k]
+        return (right + wrong)[: min(self.k, length)]
+
+
+class FreeVerify(DraftCosts):
+    """Tells the planner verifying costs nothing: it always drafts all k (the mechanism's own speed)."""
+
+    def learn_verify(self, batch: int, drafts: int, seconds: float) -> None:
+        self.slope[batch] = 0.0
 
 
 def throughput(model, tokenizer, prompt: torch.Tensor, tokens: int, runs: int) -> dict:
     vocab = model.cfg.vocab_size
 
-    def run(drafters=None):
+    def run(drafters=None, costs=None):
         state = model.new_state(1)
         first = model.prefill(prompt, state)
         start = time.perf_counter()
-        out = generate_batch(model, None, state, tokenizer=tokenizer, stop_ids=[], max_new_tokens=tokens,
-                             first_logits=first, speculate=ORACLE_DRAFTS if drafters else 0, drafters=drafters)[0]
+        out = generate_batch(model, None, state, tokenizer=tokenizer, stop_ids=[], max_new_tokens=tokens, first_logits=first,
+                             speculate=ORACLE_DRAFTS if drafters else 0, drafters=drafters, draft_costs=costs)[0]
         return out, len(out.token_ids) / (time.perf_counter() - start)
 
     reference, _ = run()  # warm-up, and the continuation the oracle copies
     result = {}
     for share in SHARES:
-        ratios, kept = [], []
-        for _ in range(runs):
-            plain, plain_rate = run()
-            spec, spec_rate = run([Oracle(reference.token_ids, share, vocab)])
-            if spec.token_ids != plain.token_ids or plain.token_ids != reference.token_ids:
-                raise SystemExit(f"speculative output differs from plain output at share {share}")
-            ratios.append(spec_rate / plain_rate)
-            kept.append(spec.accepted_tokens / max(spec.draft_tokens, 1))
-        result[share] = (statistics.median(ratios), statistics.mean(kept), plain_rate, spec_rate)
-        log(f"  share {share:.0%}: {result[share][0]:.2f}x plain ({plain_rate:.1f} -> {spec_rate:.1f} tok/s)")
+        row = {}
+        for mode, costs in (("forced", FreeVerify()), ("planned", DraftCosts())):
+            # as in a session, what the planner learnt stays: one run first, untimed, to learn it
+            run([Oracle(reference.token_ids, share, vocab)], costs)
+            ratios, kept, drafted, rates = [], [], [], []
+            for _ in range(runs):
+                plain, plain_rate = run()
+                spec, spec_rate = run([Oracle(reference.token_ids, share, vocab)], costs)
+                if spec.token_ids != plain.token_ids or plain.token_ids != reference.token_ids:
+                    raise SystemExit(f"speculative output differs from plain output at share {share}")
+                ratios.append(spec_rate / plain_rate)
+                kept.append(spec.accepted_tokens)
+                drafted.append(spec.draft_tokens)
+                rates.append((plain_rate, spec_rate))
+            row[mode] = dict(ratio=statistics.median(ratios), kept=sum(kept) / max(sum(drafted), 1),
+                             drafted=statistics.mean(drafted), plain=statistics.median(r[0] for r in rates),
+                             spec=statistics.median(r[1] for r in rates))
+            log(f"  share {share:.0%} {mode}: {row[mode]['ratio']:.2f}x plain "
+                f"({row[mode]['plain']:.1f} -> {row[mode]['spec']:.1f} tok/s, {row[mode]['drafted']:.0f} drafted)")
+        result[share] = row
     return result
 
 
@@ -193,7 +212,7 @@ def main() -> None:
     log("tokens/s at shares of drafts kept (B=1)")
     rates = throughput(model, tokenizer, prompt, args.tokens, args.runs)
 
-    print(f"\n0.8B shape, {args.dtype}, {args.threads} threads, prompt {args.prompt} tokens, "
+    print(f"\n{args.folder.name}, {args.dtype}, {args.threads} threads, prompt {args.prompt} tokens, "
           f"{args.tokens} tokens per run, compiled: {model.compiled is not None}\n")
     print("| figure | B=1 | B=%d |" % args.batch)
     print("|---|---|---|")
@@ -202,13 +221,15 @@ def main() -> None:
         print(f"| verify {k} + land, × a step | {costs[1][k]:.2f} | {costs[args.batch][k]:.2f} |")
     print(f"| rollback (land after 0 of 8 kept), × a step | {costs[1]['rollback']:.3f} | {costs[args.batch]['rollback']:.3f} |")
     print(f"| rollback, ms | {costs[1]['rollback_ms']:.2f} | {costs[args.batch]['rollback_ms']:.2f} |")
-    print("\n| drafts kept (oracle, k = 8) | share measured | plain tok/s | speculative tok/s | × plain decode | llama.cpp n-gram |")
-    print("|---|---|---|---|---|---|")
+    print("\n| drafts kept (oracle, k = 8) | plain tok/s | always 8 drafts: kept, tok/s, × plain | "
+          "as `summarize` plans: drafted per run, tok/s, × plain | llama.cpp n-gram |")
+    print("|---|---|---|---|---|")
     for share in SHARES:
-        ratio, kept, plain_rate, spec_rate = rates[share]
-        print(f"| {share:.0%} | {kept:.0%} | {plain_rate:.1f} | {spec_rate:.1f} | {ratio:.2f} | – |")
-    print(f"\nspeculative: verify8 {costs[1][8]:.2f}x a step, 0% {rates[0.0][0]:.2f}x, "
-          f"50% {rates[0.5][0]:.2f}x, 70% {rates[0.7][0]:.2f}x plain decode")
+        forced, planned = rates[share]["forced"], rates[share]["planned"]
+        print(f"| {share:.0%} | {forced['plain']:.1f} | {forced['kept']:.0%}, {forced['spec']:.1f}, {forced['ratio']:.2f} | "
+              f"{planned['drafted']:.0f}, {planned['spec']:.1f}, {planned['ratio']:.2f} | – |")
+    line = ", ".join(f"{share:.0%} {rates[share]['planned']['ratio']:.2f}x" for share in (0.0, 0.5, 0.7))
+    print(f"\nspeculative: verify8 {costs[1][8]:.2f}x a step, {line} plain decode")
 
 
 if __name__ == "__main__":

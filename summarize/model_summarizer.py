@@ -170,12 +170,15 @@ class ModelSummarizer:
         return _Document(name, text, chunks, progress, time.perf_counter())
 
     def _summary(self, doc: _Document) -> Summary:
+        counters = doc.progress.counters
         if not doc.summary and self.fallback is not None:
             self.notify(f"{doc.name}: the model wrote no usable summary; writing an extractive one instead")
-            return self.fallback.summarize(doc.text, name=doc.name)
+            summary = self.fallback.summarize(doc.text, name=doc.name)
+            # what the model read and wrote before its answer was found unusable
+            summary.extra |= {key: counters[key] for key in ("tokens_in", "tokens_out", "draft_tokens", "accepted_tokens")}
+            return summary
         if not doc.summary:
             raise SummarizeError(f"{doc.name}: the model wrote no usable summary")
-        counters = doc.progress.counters
         return Summary(
             text=doc.summary,
             words=count_words(doc.summary),
@@ -380,7 +383,7 @@ class ModelSummarizer:
                 self.s.model, None, state, tokenizer=self.s.tokenizer, stop_ids=self.s.stop_ids,
                 max_new_tokens=budget, sampling=self.s.sampling, first_logits=logits,
                 stop_texts=self.s.tokenizer.stop_texts,  # RWKV: the answer ends where a new round opens
-                speculate=self.s.speculate, contexts=contexts,
+                speculate=self.s.speculate, contexts=contexts, draft_costs=self.s.draft_costs,
             )
         finally:
             self.progress.rows = None

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from summarize.engine import load_model, load_tokenizer
+from summarize.engine.drafts import DraftCosts
 from summarize.engine.generate import SamplingParams
 from summarize.engine.tokenizer import Tokenizer
 from summarize.types import Settings
@@ -28,6 +29,7 @@ class ModelSession:
     sampling: SamplingParams
     name: str
     speculate: int = 0  # the most tokens drafted per decode step (0: none)
+    draft_costs: DraftCosts = field(default_factory=DraftCosts)  # what verifying costs here, learnt as it runs
 
 
 def load_session(settings: Settings, notify: Callable[[str], None]) -> ModelSession:

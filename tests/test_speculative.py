@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from summarize.engine import load_model
-from summarize.engine.drafts import FIRST_PAUSE, DraftLength, PromptLookup
+from summarize.engine.drafts import PROBE_DRAFTS, DraftCosts, DraftPlanner, PromptLookup
 from summarize.engine.generate import SamplingParams, generate_batch
 from summarize.engine.ops.gated_delta_rule import naive_recurrent_gated_delta_rule, verify_gated_delta_rule
 from summarize.engine.ops.rwkv7_wkv import naive_recurrent_rwkv7, verify_rwkv7
@@ -173,7 +173,7 @@ def test_greedy_output_is_the_same_with_and_without_speculation(models, name, sa
 
     def run(speculate: int, contexts=None):
         return generate_batch(model, prompts, model.new_state(3), tokenizer=TOK, stop_ids=[], max_new_tokens=48,
-                              sampling=sampling, speculate=speculate, contexts=contexts)
+                              sampling=sampling, speculate=speculate, contexts=contexts, draft_costs=FixedCosts(3, 0.0))
 
     plain = run(0)
     # drafts looked up in a damaged copy of the answer: each row keeps different lengths
@@ -189,7 +189,7 @@ def test_greedy_output_is_the_same_across_a_kv_cache_growth(models):
     prompt = torch.randint(0, vocab, (1, KV_GROWTH_TOKENS - 10), generator=torch.Generator().manual_seed(4))
     plain = generate_batch(model, prompt, model.new_state(1), tokenizer=TOK, stop_ids=[], max_new_tokens=40)[0]
     speculative = generate_batch(model, prompt, model.new_state(1), tokenizer=TOK, stop_ids=[], max_new_tokens=40,
-                                 speculate=8, contexts=[prompt[0].tolist() + plain.token_ids])[0]
+                                 speculate=8, contexts=[prompt[0].tolist() + plain.token_ids], draft_costs=FixedCosts(1, 0.0))[0]
     assert speculative.token_ids == plain.token_ids
     assert speculative.accepted_tokens > 20
 
@@ -202,7 +202,7 @@ def test_a_stop_token_inside_an_accepted_draft_ends_the_row_there(models):
     first = plain.token_ids.index(stop)
     want = generate_batch(model, prompt, model.new_state(1), tokenizer=TOK, stop_ids=[stop], max_new_tokens=30)[0]
     got = generate_batch(model, prompt, model.new_state(1), tokenizer=TOK, stop_ids=[stop], max_new_tokens=30,
-                         speculate=8, contexts=[prompt[0].tolist() + plain.token_ids])[0]
+                         speculate=8, contexts=[prompt[0].tolist() + plain.token_ids], draft_costs=FixedCosts(1, 0.0))[0]
     assert got.token_ids == want.token_ids == plain.token_ids[:first]
     assert got.stop_reason == "stop"
 
@@ -242,7 +242,7 @@ def test_sampled_output_keeps_its_distribution():
     contexts = [[0, 1, 0, 3, 0, 1, 2, 0, 0]] * rows
     sampling = SamplingParams(temperature=1.0, seed=7)
     out = generate_batch(model, prompts, model.new_state(rows), tokenizer=TOK, stop_ids=[], max_new_tokens=steps,
-                         sampling=sampling, speculate=4, contexts=contexts)
+                         sampling=sampling, speculate=4, contexts=contexts, draft_costs=FixedCosts(rows, 0.0))
     assert sum(g.accepted_tokens for g in out) > rows // 2  # drafts were really kept
     probs = model.table.softmax(-1)
     expected = torch.zeros(4, 4, 4)
@@ -272,17 +272,62 @@ def test_prompt_lookup_continues_the_latest_occurrence_of_the_longest_suffix():
     assert lookup.propose(0) == []
 
 
-def test_draft_length_grows_while_drafts_are_kept_and_pauses_after_rejections():
-    length = DraftLength(8)
-    assert length.next() == 8
-    length.update(8, 3)
-    assert length.next() == 4
-    length.update(4, 4)
-    assert length.next() == 6
-    length.update(6, 0)
-    assert [length.next() for _ in range(FIRST_PAUSE)] == [0] * FIRST_PAUSE
-    assert length.next() == 1
-    length.update(1, 0)
-    assert [length.next() for _ in range(2 * FIRST_PAUSE)] == [0] * (2 * FIRST_PAUSE)
-    length.update(0, 0)  # no draft: nothing learnt
-    assert length.next() == 1
+def costs(batch: int, slope: float | None) -> DraftCosts:
+    """Costs as if measured: a plain step of 10 ms, and verifying k drafts (1 + slope·k) steps."""
+    known = DraftCosts()
+    known.learn_step(batch, 0.010)
+    if slope is not None:
+        known.learn_verify(batch, 4, 0.010 * (1 + 4 * slope))
+    return known
+
+
+class FixedCosts(DraftCosts):
+    """What verifying costs, fixed: generation's own timings are not learnt (tests stay deterministic)."""
+
+    def __init__(self, batch: int, slope: float) -> None:
+        super().__init__()
+        self.step, self.slope = {batch: 1.0}, {batch: slope}
+
+    def learn_step(self, batch, seconds):
+        pass
+
+    def learn_verify(self, batch, drafts, seconds):
+        pass
+
+
+def test_the_planner_drafts_long_where_verifying_is_cheap_and_drafts_are_kept():
+    planner = DraftPlanner(8, 1, costs(1, slope=0.03))
+    for _ in range(5):
+        planner.learn_row(0, 8, 8)
+    assert planner.width([8], running=1) == 8
+    assert planner.width([3], running=1) == 3  # no longer than the draft there is
+
+
+def test_the_planner_stops_drafting_where_verifying_costs_what_decoding_does():
+    planner = DraftPlanner(8, 1, costs(1, slope=1.0))
+    for _ in range(20):
+        planner.learn_row(0, 8, 8)  # even drafts that are always kept do not pay
+    assert planner.width([8], running=1) == 0
+
+
+def test_the_planner_stops_drafting_for_rows_whose_drafts_are_rejected():
+    planner = DraftPlanner(8, 2, costs(2, slope=0.05))
+    assert planner.width([8, 8], running=2) > 0
+    for _ in range(10):
+        planner.learn_row(0, 4, 0)
+        planner.learn_row(1, 4, 0)
+    assert planner.width([8, 8], running=2) == 0
+
+
+def test_the_planner_times_a_plain_step_first_and_probes_short():
+    unmeasured = DraftPlanner(8, 1)
+    assert unmeasured.width([8], running=1) == 0
+    probing = DraftPlanner(8, 1, costs(1, slope=None))
+    assert 0 < probing.width([8], running=1) <= PROBE_DRAFTS
+
+
+def test_rows_without_a_draft_count_in_what_a_verify_pass_costs():
+    # one row of eight could draft: its gain must pay for slowing all eight down
+    alone, crowd = DraftPlanner(8, 1, costs(1, slope=0.2)), DraftPlanner(8, 8, costs(8, slope=0.2))
+    assert alone.width([8], running=1) > 0
+    assert crowd.width([8] + [0] * 7, running=8) == 0

@@ -2,10 +2,11 @@
 
 `PromptLookup` drafts from the text itself: summaries copy phrases from what they summarize, so
 the tokens that followed the latest earlier occurrence of the sequence's last few tokens are a
-good guess at what comes next. `DraftLength` decides, per row, how many to propose: more while
-drafts are taken whole, fewer when they are cut short, none for a while after a draft is
-rejected outright (longer each time that repeats), so a text with nothing to copy costs almost
-nothing extra.
+good guess at what comes next. `DraftPlanner` decides how many drafted tokens to verify each
+step, from how often each row's drafts were kept and what verifying costs on this machine
+(`DraftCosts`, measured as it runs): where verifying k tokens costs about k decode steps (a CPU
+whose decode is already compute-bound) or where nothing is copied, it stops drafting, so
+speculation costs almost nothing where it cannot pay.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 MAX_NGRAM = 3  # the longest n-gram looked up; shorter ones are tried when it is not found
-FIRST_PAUSE = 4  # tokens without drafts after a draft that was wholly rejected ...
-MOST_PAUSE = 64  # ... doubling while rejections repeat, up to this
+GAIN_MARGIN = 0.05  # draft only where the expected tokens per unit of time beat plain decoding by this
+PROBE_DRAFTS = 2  # the first verify at a batch size drafts at most this many: cheap where it does not pay
+PRIOR_DRAFTS = 2.0  # how many drafts a new row's first guess at its α weighs
+SLOPE_WEIGHT = 0.3  # weight of the newest verify in the learnt cost slope
 
 
 class PromptLookup:
@@ -46,29 +49,72 @@ class PromptLookup:
         return []
 
 
-class DraftLength:
-    """How many tokens one row drafts next (0: none this step), from how its drafts fared."""
+class DraftCosts:
+    """What verifying drafts costs on this machine, learnt from the calls themselves: per batch size,
+    the wall time of a plain decode step and `slope`, the share of a step that each drafted token
+    adds to a verify pass (cost(k drafts) = a step × (1 + slope·k)). Kept across generations."""
 
-    def __init__(self, most: int) -> None:
-        self.most = most
-        self.length = most
-        self.paused = 0  # steps left without drafts
-        self.pause = FIRST_PAUSE
+    def __init__(self) -> None:
+        self.step: dict[int, float] = {}  # batch size -> fastest plain step seen, seconds
+        self.slope: dict[int, float] = {}  # batch size -> learnt slope
+        self.kept = self.rejected = 1.0  # drafted tokens kept and drafts cut short, every row so far
 
-    def next(self) -> int:
-        if self.paused:
-            self.paused -= 1
-            return 0
-        return self.length
+    @property
+    def kept_share(self) -> float:
+        """The chance that a drafted token is kept, over all drafts so far: a new row's first guess."""
+        return self.kept / (self.kept + self.rejected)
 
-    def update(self, proposed: int, accepted: int) -> None:
-        if proposed == 0:
+    def learn_step(self, batch: int, seconds: float) -> None:
+        self.step[batch] = min(seconds, self.step.get(batch, seconds))
+
+    def learn_verify(self, batch: int, drafts: int, seconds: float) -> None:
+        step = self.step.get(batch)
+        if step is None or drafts == 0:
             return
-        if accepted == proposed:
-            self.length = min(self.most, self.length + 2)
-        else:
-            self.length = max(1, accepted + 1)
-        if accepted == 0:
-            self.paused, self.pause = self.pause, min(2 * self.pause, MOST_PAUSE)
-        else:
-            self.pause = FIRST_PAUSE
+        seen = max(0.0, (seconds / step - 1) / drafts)
+        old = self.slope.get(batch)
+        self.slope[batch] = seen if old is None else (1 - SLOPE_WEIGHT) * old + SLOPE_WEIGHT * seen
+
+
+class DraftPlanner:
+    """Decides, step by step, how many drafted tokens the rows of one generation verify together.
+
+    Each row's chance that a drafted token is kept (α, counted over its own drafts from a prior
+    worth PRIOR_DRAFTS drafts at the share kept so far by every row, `DraftCosts.kept_share`) gives the tokens a draft of k is expected to yield, 1 + α + … + α^k;
+    `DraftCosts` gives what verifying k costs against a plain step. The planner drafts the k with
+    the most tokens per unit of cost, and not at all when that beats plain decoding by less than
+    GAIN_MARGIN: where verifying costs what decoding does (a compute-bound CPU), or where drafts
+    are rarely kept, it stops drafting by itself. Before the first plain step has been timed it does
+    not draft, and its first verify at a batch size drafts at most PROBE_DRAFTS.
+    """
+
+    def __init__(self, most: int, batch: int, costs: DraftCosts | None = None) -> None:
+        self.most, self.batch = most, batch
+        self.costs = costs or DraftCosts()
+        share = self.costs.kept_share
+        self.kept = [PRIOR_DRAFTS * share] * batch  # drafted tokens kept, per row
+        self.rejected = [PRIOR_DRAFTS * (1 - share)] * batch  # drafts cut short, per row
+
+    def width(self, available: list[int], running: int) -> int:
+        """How many drafts to verify this step, given the length of the draft each row has (0: none,
+        or the row has stopped) and how many rows run: a plain step gives each of them one token."""
+        if not any(available) or self.batch not in self.costs.step:
+            return 0
+        slope = self.costs.slope.get(self.batch)
+        most = min(self.most, max(available)) if slope is not None else min(PROBE_DRAFTS, max(available))
+        alphas = [k / (k + r) for k, r in zip(self.kept, self.rejected)]
+        undrafted = running - sum(1 for n in available if n > 0)  # rows that get their one token either way
+        best, best_rate = 0, running * (1 + GAIN_MARGIN)
+        for width in range(1, most + 1):
+            tokens = undrafted + sum(sum(a**i for i in range(min(width, n) + 1)) for a, n in zip(alphas, available) if n > 0)
+            rate = tokens / (1 + (slope or 0.0) * width)
+            if rate > best_rate:
+                best, best_rate = width, rate
+        return best
+
+    def learn_row(self, row: int, drafted: int, kept: int) -> None:
+        if drafted:
+            self.kept[row] += kept
+            self.rejected[row] += kept < drafted
+            self.costs.kept += kept
+            self.costs.rejected += kept < drafted

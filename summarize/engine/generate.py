@@ -11,13 +11,14 @@ overlaps with the next decode step instead of waiting for it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from .drafts import DraftLength, PromptLookup
+from .drafts import DraftCosts, DraftPlanner, PromptLookup
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 # Candidates taken first when looking for the top-p nucleus on the CPU; most nuclei are smaller.
@@ -234,6 +235,7 @@ def generate_batch(
     speculate: int = 0,
     contexts: Sequence[Sequence[int]] | None = None,
     drafters: Sequence | None = None,
+    draft_costs: DraftCosts | None = None,
 ) -> list[Generation]:
     """Generate for a batch of B sequences that share one batched `state`.
 
@@ -249,7 +251,8 @@ def generate_batch(
     `contexts[row]` (default: the prompt) and what it generated, and verifies them in one pass
     (`model.verify` / `model.accept`): the same tokens as without, greedy, and the same
     distribution, sampled (docs/design.md §8). `drafters` replaces the lookup: one object per row
-    with `append(token)` and `propose(n) -> list[int]`, as `drafts.PromptLookup`.
+    with `append(token)` and `propose(n) -> list[int]`, as `drafts.PromptLookup`. `draft_costs`
+    carries what verifying was measured to cost from one generation to the next.
     """
     sampling = sampling or SamplingParams()
     if first_logits is None:
@@ -272,7 +275,7 @@ def generate_batch(
     if speculate > 0 and rows.running:
         if drafters is None:
             drafters = [PromptLookup(contexts[row] if contexts is not None else ()) for row in range(batch)]
-        _speculative_loop(model, state, sample, rows, token, speculate, drafters)
+        _speculative_loop(model, state, sample, rows, token, speculate, drafters, draft_costs)
     elif rows.running:
         _plain_loop(model, state, sample, rows, token, first_logits.device.type == "cuda" if overlap is None else overlap)
     return rows.results()
@@ -349,34 +352,45 @@ def _plain_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor, over
         token = sample(logits)
 
 
-def _speculative_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor, most: int, drafters: Sequence) -> None:
-    """Each step: every running row drafts up to `most` tokens; one `verify` pass reads the
-    last token and the drafts, each row keeps the drafts its own samples agree with, and
-    `accept` lands the state there. With no draft in any row, a plain decode step."""
+def _speculative_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor, most: int, drafters: Sequence,
+                      costs: DraftCosts | None) -> None:
+    """Each step: every running row looks up a draft of up to `most` tokens, the planner picks how
+    many to verify; one `verify` pass reads the last token and the drafts, each row keeps the drafts
+    its own samples agree with, and `accept` lands the state there. With nothing worth verifying, a
+    plain decode step. Every step's wall time teaches the planner what verifying costs."""
     batch = token.shape[0]
-    lengths = [DraftLength(most) for _ in range(batch)]
+    planner = DraftPlanner(most, batch, costs)
+    timing = None  # (width of the step being timed, its start)
     while True:
-        ids = token.tolist()
+        ids = token.tolist()  # waits for the step: its time ends here
+        if timing is not None:
+            width, started = timing
+            seconds = time.perf_counter() - started
+            if width:
+                planner.costs.learn_verify(batch, width, seconds)
+            else:
+                planner.costs.learn_step(batch, seconds)
         for row, tid in enumerate(ids):
             if rows.take(row, tid):
                 drafters[row].append(tid)
         if not rows.running:
             return
-        drafts = [drafters[row].propose(lengths[row].next()) if row in rows.running else [] for row in range(batch)]
-        width = max(len(d) for d in drafts)
+        candidates = [drafters[row].propose(most) if row in rows.running else [] for row in range(batch)]
+        width = planner.width([len(c) for c in candidates], len(rows.running))
+        timing = (width, time.perf_counter())
         if width == 0:
             token = sample(model.decode(token, state))
             continue
+        drafts = [c[:width] for c in candidates]
         span = torch.tensor([[ids[row], *d, *[0] * (width - len(d))] for row, d in enumerate(drafts)], device=token.device)
         logits = model.verify(span, state)  # [B, width + 1, V]
         drafted = [len(d) for d in drafts]
         chosen, kept = sample.verify(logits, span[:, 1:], torch.tensor(drafted, device=token.device))
         model.accept(state, kept + 1, drafted)
         for row, n in enumerate(kept.tolist()):
-            if drafts[row]:
-                lengths[row].update(len(drafts[row]), n)
-                rows.drafted[row] += len(drafts[row])
-                rows.accepted[row] += n
+            planner.learn_row(row, drafted[row], n)
+            rows.drafted[row] += drafted[row]
+            rows.accepted[row] += n
             for tid in drafts[row][:n]:
                 if rows.take(row, tid):
                     drafters[row].append(tid)
