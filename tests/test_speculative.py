@@ -331,3 +331,23 @@ def test_rows_without_a_draft_count_in_what_a_verify_pass_costs():
     alone, crowd = DraftPlanner(8, 1, costs(1, slope=0.2)), DraftPlanner(8, 8, costs(8, slope=0.2))
     assert alone.width([8], running=1) > 0
     assert crowd.width([8] + [0] * 7, running=8) == 0
+
+
+def test_the_live_view_shows_the_share_of_drafts_kept():
+    import io
+
+    from rich.console import Console
+
+    from summarize.engine.diagnostics import LayerReport, SpanReport
+    from summarize.live_view import StateView
+    from summarize.types import ModelProgress
+
+    view = StateView()
+    view.set_phase(ModelProgress(input="doc.pdf", chunk=0, chunks=1, phase="decode"))
+    layers = (LayerReport(0, "recurrent", state_norm=1.0, gate_mean=0.9, delta_norm=0.1),)
+    view.update(SpanReport("decode", 0, 4, layers, 100, drafted=8))  # kept 3 of 8
+    view.update(SpanReport("decode", 0, 2, layers, 100, drafted=2))  # kept 1 of 2
+    view.update(SpanReport("decode", 0, 1, layers, 100))  # a plain step
+    buffer = io.StringIO()
+    Console(file=buffer, width=200).print(view)
+    assert "drafts kept 40%" in buffer.getvalue()

@@ -80,7 +80,8 @@ class DraftPlanner:
     """Decides, step by step, how many drafted tokens the rows of one generation verify together.
 
     Each row's chance that a drafted token is kept (α, counted over its own drafts from a prior
-    worth PRIOR_DRAFTS drafts at the share kept so far by every row, `DraftCosts.kept_share`) gives the tokens a draft of k is expected to yield, 1 + α + … + α^k;
+    worth PRIOR_DRAFTS drafts at the share kept so far by every row, `DraftCosts.kept_share`)
+    gives the tokens a draft of k is expected to yield, 1 + α + … + α^k;
     `DraftCosts` gives what verifying k costs against a plain step. The planner drafts the k with
     the most tokens per unit of cost, and not at all when that beats plain decoding by less than
     GAIN_MARGIN: where verifying costs what decoding does (a compute-bound CPU), or where drafts

@@ -113,9 +113,8 @@ def verify_gated_delta_rule(
         q, k = q.repeat_interleave(groups, dim=2), k.repeat_interleave(groups, dim=2)
     _check_shapes(q, k, v, g, beta)
     T, K = k.shape[1], k.shape[-1]
-    heads_first = (lambda x: x.float().transpose(1, 2))  # [B, T, H, *] -> [B, H, T, *]
-    qf, kf, vf = heads_first(q) * K**-0.5, heads_first(k), heads_first(v)
-    gf, bf = heads_first(g), heads_first(beta)  # [B, H, T]
+    qf, kf, vf, gf, bf = (x.float().transpose(1, 2) for x in (q, k, v, g, beta))  # heads first: [B, H, T, *]
+    qf = qf * K**-0.5
     gcum = gf.cumsum(-1)
     upper = torch.ones(T, T, dtype=torch.bool, device=k.device).triu_(1)
     decay = (gcum[..., :, None] - gcum[..., None, :]).masked_fill_(upper, float("-inf")).exp_()  # [B, H, T, T]
