@@ -1,6 +1,6 @@
 """Speed and memory of our engine beside transformers, and beside the machine's own limits.
 
-    python bench/bench_engine.py --folder /tmp/qwen3.5-0.8B-random   # the full run: 0.8B, bf16, fp32, int8
+    python bench/bench_engine.py --folder /tmp/qwen3.5-0.8B-random   # the full run: 0.8B, bf16, fp32, int8, int4
     python bench/bench_engine.py --dtypes bfloat16 --skip-transformers   # our engine only, bf16
     python bench/bench_engine.py --tiny                                 # self-test on a tiny model, < 1 min
     python bench/bench_engine.py --folder /tmp/q08 --dtypes bfloat16,int8 \
@@ -35,14 +35,16 @@ Method
 - Side by side: both engines loaded into one process, their calls alternating (prefill of
   --diag-length tokens, runs of --decode-tokens steps after --decode-prompt; at least 5 pairs,
   neither engine always first); the ratio is the median of the ratios of calls made back to back.
-- int8: weight-only int8 (`--quantize int8`), bf16 activations; transformers has no such row.
+- int8, int4: weight-only (`--quantize int8`, `--quantize int4`), activations in the dtype
+  `summarize` picks on this machine (bf16 with native bf16 matmuls, else fp32; the int4 kernel
+  reads them in bf16); transformers has no such rows.
 - Batched decode: the prompt's state stacked B times (`State.stack`, as batched summaries do).
 - Diagnostics: prefill of --diag-length tokens with the per-chunk stats switched off (patched),
   with listener None (the default: cheap stats and a NaN check) and with a no-op listener (full
   SpanReports); decode with listener None (no stats) and with a no-op listener. Interleaved, at
   least 5 runs each; the cost is the median of the ratios of runs made back to back.
 - llama.cpp (with --llama-bench and --gguf, the same random weights converted to GGUF: BF16 for
-  the bf16 rows, Q8_0 for the int8 ones): each figure is one llama-bench process of its own
+  the bf16 rows, Q8_0 for the int8 ones, Q4_K_M for the int4 ones): each figure is one llama-bench process of its own
   (`-t --threads -r --repeats`, its warm-up run first), the median of its samples. Prefill:
   `-p N -n 0`; decode: `-p 0 -n --decode-tokens -d --decode-prompt` (generation after a prompt of
   that depth); peak RSS: that process's. If a decode after a prompt fails, it is measured once
@@ -159,8 +161,8 @@ def model_costs(model) -> dict:
                 step_bytes += nbytes
             continue
         share = active if "experts_" in name else 1.0  # routed experts: only top-k of them run
-        if not name.endswith(".scale"):  # int8 weights: one scale per row, no matmul of its own
-            matmul_params += buf.numel() * share
+        if name.endswith(".weight"):  # not int8's scales nor int4's scales and zeros
+            matmul_params += buf.numel() * share * (2 if buf.dtype == torch.uint8 else 1)  # int4: two a byte
         step_bytes += nbytes * share
     attention_layers = sum(kind == "full_attention" for kind in cfg.layer_types)
     element = torch.empty((), dtype=model.dtype).element_size()  # the KV cache's
@@ -208,11 +210,24 @@ def transformers_steps(model, cache, token: torch.Tensor, n: int) -> torch.Tenso
     return token
 
 
+QUANTIZED = ("int8", "int4")  # --dtypes that are weight formats
+SHORT_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def compute_dtype(name: str) -> torch.dtype:
+    """The activations' dtype of a --dtypes entry: quantized weights compute as `summarize` would here."""
+    if name in QUANTIZED:
+        from summarize.engine.loading import default_dtype
+
+        return default_dtype(torch.device("cpu"))
+    return getattr(torch, name)
+
+
 def ours_worker(args, dtype: torch.dtype) -> dict:
     from summarize.engine import State, load_model
 
     baseline = peak_rss()  # torch and the engine imported, nothing loaded
-    quantize = "int8" if args.dtype == "int8" else None
+    quantize = args.dtype if args.dtype in QUANTIZED else None
     model = load_model(args.folder, device="cpu", dtype=dtype, quantize=quantize)
     vocab = model.cfg.vocab_size
     out: dict = {"costs": model_costs(model), "baseline_rss": baseline, "compiled": model.compiled is not None}
@@ -350,7 +365,7 @@ def side_by_side_worker(args, dtype: torch.dtype) -> dict:
 def worker_main(args) -> None:
     torch.set_flush_denormal(True)  # first: threads take the mode from the main thread as they start
     torch.set_num_threads(args.threads)
-    dtype = torch.bfloat16 if args.dtype == "int8" else getattr(torch, args.dtype)  # int8: bf16 compute
+    dtype = compute_dtype(args.dtype)
     # Our engine as `summarize` runs it, under no_grad: a model loaded under inference_mode holds
     # inference tensors, with which compiled decode steps run ~25% slower (measured: 51 → 64 ms
     # per step, 0.8B shape). Transformers under inference_mode, its fastest.
@@ -499,7 +514,7 @@ def log(message: str) -> None:
 
 
 def measure(args, dtype: str, lengths: list[int]) -> dict:
-    engines = ["ours"] + ([] if args.skip_transformers or dtype == "int8" else ["transformers"])
+    engines = ["ours"] + ([] if args.skip_transformers or dtype in QUANTIZED else ["transformers"])
     m: dict = {"prefill": {}}
     for engine in engines:
         for length in lengths:
@@ -564,7 +579,9 @@ def decode_bytes(costs: dict, context: int) -> float:
 
 def rows_for(args, dtype: str, m: dict, limits: dict, costs: dict | None, lengths: list[int]) -> list[list[str]]:
     """The table's rows for one dtype: [dtype, figure, ours, transformers, ratio, ceiling, ours / ceiling]."""
-    short = {"bfloat16": "bf16", "float32": "fp32", "int8": "int8 (bf16 compute)"}.get(dtype, dtype)
+    short = {"bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)
+    if dtype in QUANTIZED:
+        short += f" ({SHORT_DTYPES[compute_dtype(dtype)]} compute)"
     rows: list[list[str]] = []
 
     llama = m.get("llama", {})
@@ -582,7 +599,7 @@ def rows_for(args, dtype: str, m: dict, limits: dict, costs: dict | None, length
         seconds = get(m.get(("decode", engine)), f"decode_s_b{batch}")
         return None if seconds is None else batch * args.decode_tokens / seconds
 
-    run_gflops = limits.get(f"matmul_{'bfloat16' if dtype == 'int8' else dtype}")
+    run_gflops = limits.get(f"matmul_{str(compute_dtype(dtype)).removeprefix('torch.')}")
     for length in lengths:
         ours, ref = prefill("ours", length), prefill("transformers", length)
         gflops = get(m["prefill"].get(("ours", length)), "matmul_gflops") or run_gflops
@@ -698,7 +715,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, help="only the shape's first N layers (for a checkpoint built here)")
     p.add_argument("--tiny", action="store_true", help="a tiny random model and short lengths: a quick self-test")
     p.add_argument("--folder", help="checkpoint folder: reused if it holds config.json, else built there and kept")
-    p.add_argument("--dtypes", default="bfloat16,float32,int8", help="int8: int8 weights, bf16 compute")
+    p.add_argument("--dtypes", default="bfloat16,float32,int8,int4", help="int8, int4: quantized weights")
     p.add_argument("--lengths", help=f"prefill lengths (default {FULL_DEFAULTS['lengths']})")
     p.add_argument("--decode-tokens", type=int, help=f"timed decode steps (default {FULL_DEFAULTS['decode_tokens']})")
     p.add_argument("--decode-prompt", type=int, help=f"prompt before decode (default {FULL_DEFAULTS['decode_prompt']})")
@@ -709,7 +726,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-transformers", action="store_true")
     p.add_argument("--llama-bench", help="a llama-bench binary: llama.cpp's figures beside ours (needs --gguf)")
     p.add_argument("--gguf", action="append", default=[], metavar="DTYPE=FILE",
-                   help="the checkpoint converted to GGUF for one of --dtypes (BF16 for bfloat16, Q8_0 for int8)")
+                   help="the checkpoint converted to GGUF for one of --dtypes (BF16 for bfloat16, Q8_0 for int8, Q4_K_M for int4)")
     # internal: one measurement in a subprocess
     p.add_argument("--worker", choices=["ours", "transformers", "both"], help=argparse.SUPPRESS)
     p.add_argument("--job", choices=["prefill", "decode", "diagnostics", "side_by_side"], help=argparse.SUPPRESS)

@@ -57,6 +57,7 @@ class DType(str, Enum):
 
 class Quantize(str, Enum):
     int8 = "int8"
+    int4 = "int4"
 
 
 class _OneLineErrors(TyperCommand):
@@ -120,7 +121,7 @@ def summarize(
         help="Weight precision (default: the best for the device).")] = None,
     quantize: Annotated[Quantize | None, typer.Option(
         envvar="SUMMARIZE_QUANTIZE", show_default=False,
-        help="Store the weights as int8 (half the memory; faster decoding on the CPU).")] = None,
+        help="Store the weights as int8 or int4 (CPU): less memory, faster decoding, slightly other text.")] = None,
     chunk_tokens: Annotated[int | None, typer.Option(
         "--chunk-tokens", min=MIN_CHUNK_TOKENS, max=MAX_CHUNK_TOKENS, show_default=False,
         help=f"Tokens per chunk of the document, {MIN_CHUNK_TOKENS} to {MAX_CHUNK_TOKENS} "

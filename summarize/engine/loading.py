@@ -19,11 +19,12 @@ import torch
 from summarize.engine.compiled import compile_steps, wanted
 from summarize.engine.family import Family
 from summarize.engine.memory import bound_kernel_caches, release_free_memory
+from summarize.engine.ops.linear import QUANTIZATIONS
 from summarize.engine.registry import FAMILIES, family_for_file, family_for_model_type, family_named, supported_model_types
 from summarize.engine.safetensors_file import HEADER_LENGTH_BYTES, MAX_HEADER_BYTES, SAFETENSORS_DTYPES, bytes_of
 from summarize.errors import SummarizeError
 
-QUANTIZE_MODES = (None, "int8")
+QUANTIZE_MODES = (None, *QUANTIZATIONS)
 
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.pth"]
 
@@ -222,8 +223,9 @@ def load_model(
     RWKV-7 `.pth`); see docs/design.md §5.
 
     `compile`: run prefill and decode steps through torch.compile (`compiled`); None decides by the
-    environment (SUMMARIZE_COMPILE) and the model's size. `quantize="int8"`: weight-only int8
-    (where the family supports it).
+    environment (SUMMARIZE_COMPILE) and the model's size. `quantize`: weight-only "int8" (one scale
+    per row) or "int4" (a scale and a zero per 64 input channels; CPU only), where the family
+    supports it.
     """
     bound_kernel_caches()  # before the first kernel is built: memory that stays flat over chunks
     device = torch.device(device) if device is not None else default_device()
@@ -231,6 +233,8 @@ def load_model(
         flush_denormals_to_zero()
     if quantize not in QUANTIZE_MODES:
         raise SummarizeError(f"unknown quantization {quantize!r} (supported: {', '.join(QUANTIZE_MODES[1:])})")
+    if quantize == "int4" and device.type != "cpu":
+        raise SummarizeError(f"--quantize int4 runs on the CPU (torch's int4 kernel); on {device.type} use int8")
     dtype = dtype or default_dtype(device)
     path = Path(source).expanduser()
     file_family = family_for_file(path.suffix)

@@ -23,7 +23,7 @@ from summarize.engine.model import RecurrentModel
 from summarize.engine.ops.attention import apply_rotary, attend, attend_at_slot
 from summarize.engine.ops.causal_conv import causal_conv_silu
 from summarize.engine.ops.gated_delta_rule import GATED_DELTA_RULE
-from summarize.engine.ops.linear import Projection
+from summarize.engine.ops.linear import QUANTIZATIONS, Projection, quantized
 from summarize.engine.state import KVCache, LayerState, RecurrentLayerState, State
 from summarize.engine.tokenizer import load_hub_tokenizer
 from summarize.errors import SummarizeError
@@ -428,14 +428,16 @@ class Qwen35Model(RecurrentModel):
     prefill_block_tokens = PREFILL_BLOCK_TOKENS
     compiles = True
 
-    def __init__(self, cfg: Qwen35Config, take: Take, *, fused_experts: bool = True, int8: bool = False) -> None:
+    def __init__(self, cfg: Qwen35Config, take: Take, *, fused_experts: bool = True, quantize: str | None = None) -> None:
         super().__init__()
         self.cfg = cfg
-        # int8: each part is quantized as soon as it is built, so the full-precision weights
-        # never exist all at once (peak memory: the int8 model plus one part)
-        built = _quantized if int8 else (lambda module: module)
+        # quantized part by part (the embedding table too; the experts of an MoE model stay in the
+        # model's dtype): peak memory is the quantized model plus one part
+        def built(module: nn.Module) -> nn.Module:
+            return quantized(module, quantize)
+
         self.embed_tokens = built(Projection(take("embed_tokens.weight")))
-        self.compute_dtype = self.embed_tokens.scale.dtype if int8 else self.embed_tokens.weight.dtype
+        self.compute_dtype = self.embed_tokens.dtype
         self.layers = nn.ModuleList(built(DecoderLayer(cfg, take, i, fused_experts)) for i in range(len(cfg.layer_types)))
         self.register_buffer("final_norm", 1.0 + take("norm.weight").float())
         self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else built(Projection(take("lm_head.weight")))
@@ -508,15 +510,6 @@ class Qwen35Model(RecurrentModel):
         return logits, stats
 
 
-def _quantized(module: nn.Module) -> nn.Module:
-    """Weight-only int8: every projection in `module` (the embedding table too) as int8 with
-    per-row scales. The experts of an MoE model stay in the model's dtype."""
-    for part in module.modules():
-        if isinstance(part, Projection):
-            part.quantize_int8()
-    return module
-
-
 def _decode_step(model: Qwen35Model, x: Tensor, layer_states: list, rotary, slot: Tensor, with_stats: bool):
     """Every layer and the head for one token per row → (logits [B, V], per-layer stats)."""
     stats = []
@@ -553,7 +546,7 @@ def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype,
         target = torch.float32 if name.endswith(FP32_TENSORS) else dtype
         return tensor.to(device=device, dtype=target)
 
-    return Qwen35Model(cfg, take, fused_experts=fused, int8=quantize == "int8")
+    return Qwen35Model(cfg, take, fused_experts=fused, quantize=quantize)
 
 
 FAMILY = Family(
@@ -561,6 +554,6 @@ FAMILY = Family(
     model_types=MODEL_TYPES,
     build=build,
     load_tokenizer=load_hub_tokenizer,
-    quantize_modes=("int8",),
+    quantize_modes=QUANTIZATIONS,
     label="Qwen3.5",
 )

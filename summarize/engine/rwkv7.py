@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from summarize.engine.diagnostics import RecurrenceStats
 from summarize.engine.family import Family
 from summarize.engine.model import RecurrentModel
+from summarize.engine.ops.linear import QUANTIZATIONS, Projection, quantized
 from summarize.engine.ops.rwkv7_wkv import RWKV7_WKV
 from summarize.engine.rwkv_tokenizer import load_rwkv_tokenizer
 from summarize.engine.state import RecurrentLayerState, State
@@ -204,8 +205,9 @@ class TimeMix(nn.Module):
         self.layer, self.heads, self.head_size = layer, cfg.num_heads, cfg.head_size
         self.group_norm_eps = cfg.group_norm_eps
         self.register_buffer("mix", torch.stack([take(prefix + n) for n in MIX_NAMES]))  # [6, C]
-        for name in ("receptance", "key", "value", "output"):  # [C, C] each
-            self.register_buffer(name, take(prefix + name + ".weight"))
+        self.receptance, self.key, self.value, self.output = (
+            Projection(take(prefix + name + ".weight")) for name in ("receptance", "key", "value", "output")
+        )  # [C, C] each
         for name in ("w1", "w2", "a1", "a2", "g1", "g2"):
             self.register_buffer(name, take(prefix + name))
         self.register_buffer("w0", take(prefix + "w0", target=torch.float32))
@@ -228,9 +230,7 @@ class TimeMix(nn.Module):
         prev = token_shift(x, state, 0)
         xr, xw, xk, xv, xa, xg = (x[:, :, None] + (prev - x)[:, :, None] * self.mix).unbind(dim=2)
 
-        r = F.linear(xr, self.receptance)
-        k = F.linear(xk, self.key)
-        v = F.linear(xv, self.value)
+        r, k, v = self.receptance(xr), self.key(xk), self.value(xv)
         w = torch.tanh(xw @ self.w1) @ self.w2
         iclr = torch.sigmoid(self.a0 + (xa @ self.a1) @ self.a2)  # in-context learning rate, (0, 1)
         g = torch.sigmoid(xg @ self.g1) @ self.g2
@@ -253,7 +253,7 @@ class TimeMix(nn.Module):
         o = F.group_norm(o.reshape(B * T, C), H, self.ln_x_weight, self.ln_x_bias, self.group_norm_eps).view(heads)
         bonus = (r32 * k32 * self.r_k).sum(-1, keepdim=True) * v32  # the current token's own value
         o = (o + bonus).view(B, T, C).to(x.dtype)
-        return F.linear(o * g, self.output), stats
+        return self.output(o * g), stats
 
 
 class ChannelMix(nn.Module):
@@ -262,13 +262,13 @@ class ChannelMix(nn.Module):
     def __init__(self, take: Take, prefix: str) -> None:
         super().__init__()
         self.register_buffer("x_k", take(prefix + "x_k"))
-        self.register_buffer("key", take(prefix + "key.weight"))
-        self.register_buffer("value", take(prefix + "value.weight"))
+        self.key = Projection(take(prefix + "key.weight"))  # [F, C]
+        self.value = Projection(take(prefix + "value.weight"))  # [C, F]
 
     def forward(self, x: Tensor, state: RecurrentLayerState) -> Tensor:
         prev = token_shift(x, state, 1)
         k = x + (prev - x) * self.x_k
-        return F.linear(torch.relu(F.linear(k, self.key)).square(), self.value)
+        return self.value(torch.relu(self.key(k)).square())
 
 
 class Block(nn.Module):
@@ -301,14 +301,15 @@ class RWKV7Model(RecurrentModel):
     family = "rwkv7"
     prefill_block_tokens = 2048
 
-    def __init__(self, cfg: RWKV7Config, take: Take, embedding: Tensor) -> None:
+    def __init__(self, cfg: RWKV7Config, take: Take, embedding: Tensor, quantize: str | None = None) -> None:
         super().__init__()
         self.cfg = cfg
-        self.register_buffer("embedding", embedding)  # ln0 already applied to every row
-        self.layers = nn.ModuleList(Block(cfg, take, i) for i in range(cfg.num_layers))
+        # quantized block by block: peak memory is the quantized model plus one block
+        self.embedding = quantized(Projection(embedding), quantize)  # ln0 already applied to every row
+        self.layers = nn.ModuleList(quantized(Block(cfg, take, i), quantize) for i in range(cfg.num_layers))
         self.register_buffer("ln_out_weight", take("ln_out.weight", target=torch.float32))
         self.register_buffer("ln_out_bias", take("ln_out.bias", target=torch.float32))
-        self.register_buffer("head", take("head.weight"))
+        self.head = quantized(Projection(take("head.weight")), quantize)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -316,7 +317,7 @@ class RWKV7Model(RecurrentModel):
 
     @property
     def device(self) -> torch.device:
-        return self.embedding.device
+        return self.ln_out_weight.device
 
     def new_state(self, batch_size: int = 1) -> State:
         cfg, dev = self.cfg, self.device
@@ -332,13 +333,13 @@ class RWKV7Model(RecurrentModel):
         )
 
     def embed(self, input_ids: Tensor) -> Tensor:
-        return F.embedding(input_ids, self.embedding)
+        return self.embedding.rows(input_ids)
 
     def span_context(self, state: State, tokens: int) -> ValueResidual:
         return ValueResidual()
 
     def logits(self, hidden: Tensor) -> Tensor:
-        return F.linear(layer_norm(hidden, self.ln_out_weight, self.ln_out_bias, self.cfg.layer_norm_eps), self.head)
+        return self.head(layer_norm(hidden, self.ln_out_weight, self.ln_out_bias, self.cfg.layer_norm_eps))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,7 +411,7 @@ def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype,
         )
     else:
         embed = take("emb.weight")
-    model = RWKV7Model(cfg, take, embedding=embed)
+    model = RWKV7Model(cfg, take, embedding=embed, quantize=quantize)
     ignored = {locate(name)[0] for name in UNUSED}
     unknown = sorted(set(checkpoint.names()) - used - ignored)
     if unknown:  # e.g. DeepEmbed (ffn.s_emb) or DEA (att.qq): variants this engine does not implement
@@ -434,5 +435,6 @@ FAMILY = Family(
     file_suffixes=(".pth",),
     build=build,
     load_tokenizer=load_rwkv_tokenizer,
+    quantize_modes=QUANTIZATIONS,
     label="RWKV-7",
 )

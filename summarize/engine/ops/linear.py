@@ -5,8 +5,11 @@ multiply-and-sum over the input dimension that inductor turns into one pass over
 torch's CPU GEMM is built for many rows and reads the weights slowly for one. With more rows the
 compiled steps call torch's GEMM as eager code does.
 
-`Projection` holds one weight matrix, either in the model's dtype or as int8 with one scale per
-output row (weight-only quantization: activations stay in the model's dtype).
+`Projection` holds one weight matrix: in the model's dtype, as int8 with one scale per output row,
+or as int4 with a scale and a zero per group of input channels (weight-only quantization:
+activations stay in the model's dtype). int4 runs on torch's CPU int4 kernel for a few rows, which
+reads half a byte per weight; with more rows it dequantizes and calls the GEMM, which is faster
+there (figures: bench/README.md).
 """
 
 from __future__ import annotations
@@ -21,6 +24,12 @@ INT8_MAX = 127
 STREAMED_MAX_ROWS = 2
 INT8_PACKED_MAX_ROWS = 16  # up to this many input rows, eager int8 uses torch's packed int8 GEMV
 QUANTIZE_BLOCK_ROWS = 8192  # rows quantized at a time: bounded fp32 temporaries
+INT4_LEVELS = 15  # codes 0..15, read as (code - 8) · scale + zero by torch's kernel
+INT4_GROUP = 64  # input channels per scale and zero (torch's kernel takes 32, 64, 128 or 256)
+INT4_KERNEL_MAX_ROWS = 8  # up to this many input rows the int4 kernel; with more, dequantize and GEMM
+# torch's CPU packing stores rows in blocks of 64: for each input channel, 32 bytes whose low
+# nibbles are rows 0..31 of the block and high nibbles rows 32..63
+INT4_BLOCK_ROWS = 64
 
 
 def linear(x: Tensor, weight: Tensor) -> Tensor:
@@ -39,6 +48,39 @@ def linear_int8(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
         out = torch._weight_int8pack_mm(rows.contiguous(), weight, scale)
         return out.reshape(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight * scale[:, None])  # many rows: compute-bound, dequantize first
+
+
+def linear_int4(x: Tensor, packed: Tensor, scale_and_zero: Tensor, group: int) -> Tensor:
+    """x [..., K] times the int4 weight (`packed` [N, K/2] uint8, `scale_and_zero` [K/group, N, 2]
+    bf16) transposed → [..., N] in x's dtype. The kernel reads x in bf16."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.shape[0] > INT4_KERNEL_MAX_ROWS:
+        return F.linear(x, dequantize_int4(packed, scale_and_zero, group, x.dtype))
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16).contiguous(), packed, group, scale_and_zero)
+    return out.to(x.dtype).reshape(*x.shape[:-1], packed.shape[0])
+
+
+def int4_codes(packed: Tensor, ids: Tensor | None = None) -> Tensor:
+    """The codes 0..15 of the rows `ids` [n] (all rows when None) of a packed int4 weight → [n, K] uint8."""
+    N, K = packed.shape[0], packed.shape[1] * 2
+    blocks = packed.view(N // INT4_BLOCK_ROWS, K, INT4_BLOCK_ROWS // 2)  # [N/64, K, 32]
+    if ids is None:
+        codes = torch.cat([blocks & 0xF, blocks >> 4], dim=2)  # [N/64, K, 64]: rows 0..63 of each block
+        return codes.transpose(1, 2).reshape(N, K)
+    within = ids % INT4_BLOCK_ROWS
+    bytes_ = blocks[ids // INT4_BLOCK_ROWS, :, within % (INT4_BLOCK_ROWS // 2)]  # [n, K]
+    high = (within >= INT4_BLOCK_ROWS // 2)[:, None]
+    return torch.where(high, bytes_ >> 4, bytes_ & 0xF)
+
+
+def dequantize_int4(packed: Tensor, scale_and_zero: Tensor, group: int, dtype: torch.dtype, ids: Tensor | None = None) -> Tensor:
+    """The weight's rows `ids` (all when None) as [n, K] in `dtype`: (code − 8) · scale + zero per group."""
+    codes = int4_codes(packed, ids)
+    n, K = codes.shape
+    pairs = scale_and_zero if ids is None else scale_and_zero[:, ids]  # [K/group, n, 2]
+    scale, zero = pairs[..., 0].t()[..., None], pairs[..., 1].t()[..., None]  # [n, K/group, 1]
+    weight = (codes.view(n, K // group, group).to(dtype) - 8) * scale.to(dtype) + zero.to(dtype)
+    return weight.view(n, K)
 
 
 def rows_fp32(x: Tensor) -> Tensor:
@@ -67,19 +109,33 @@ class Projection(nn.Module):
 
     def __init__(self, weight: Tensor) -> None:
         super().__init__()
-        self.register_buffer("weight", weight)
-        self.register_buffer("scale", None)  # [N] in the model's dtype once the weight is int8
+        self.register_buffer("weight", weight)  # [N, K]; int8 [N, K]; int4 packed [N, K/2] uint8
+        self.register_buffer("scale", None)  # int8: [N] in the model's dtype
+        self.register_buffer("scale_and_zero", None)  # int4: [K/group, N, 2] bf16
+        self.group = 0  # int4: input channels per scale and zero
+        self.dtype = weight.dtype  # what it computes in
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.scale_and_zero is not None:
+            return linear_int4(x, self.weight, self.scale_and_zero, self.group)
         if self.scale is None:
             return linear(x, self.weight)
         return linear_int8(x, self.weight, self.scale)
 
     def rows(self, ids: Tensor) -> Tensor:
         """Rows of the weight at `ids` (an embedding lookup), in the model's dtype."""
+        if self.scale_and_zero is not None:
+            flat = dequantize_int4(self.weight, self.scale_and_zero, self.group, self.dtype, ids.reshape(-1))
+            return flat.view(*ids.shape, -1)
         if self.scale is None:
             return F.embedding(ids, self.weight)
         return F.embedding(ids, self.weight) * self.scale[ids, None]
+
+    def quantize(self, mode: str) -> None:
+        """"int8" or "int4" (int8 where the int4 kernel cannot take the shape)."""
+        if mode == "int4" and self.quantize_int4():
+            return
+        self.quantize_int8()
 
     def quantize_int8(self) -> None:
         """Store the weight as int8, symmetric per output row; the scale is exact in its dtype.
@@ -87,7 +143,7 @@ class Projection(nn.Module):
         Works through the rows in blocks, so the fp32 temporaries stay small (the 248K-row head
         would otherwise need a gigabyte of them).
         """
-        if self.scale is not None:
+        if self.scale is not None or self.scale_and_zero is not None:
             return
         weight, dtype = self.weight, self.weight.dtype
         quantized = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
@@ -100,3 +156,43 @@ class Projection(nn.Module):
             quantized[start : start + QUANTIZE_BLOCK_ROWS] = block
             scale[start : start + QUANTIZE_BLOCK_ROWS] = block_scale
         self.weight, self.scale = quantized, scale
+
+    def quantize_int4(self, group: int = INT4_GROUP) -> bool:
+        """Store the weight as int4 codes with a bf16 scale and zero per `group` input channels
+        (asymmetric, round to nearest: each group's minimum and maximum are exact up to bf16).
+
+        Returns False, and keeps the weight as it is, where torch's CPU kernel cannot take its
+        shape (rows not a multiple of 64, or input channels not a multiple of `group`) or device.
+        """
+        N, K = self.weight.shape
+        if self.scale is not None or self.scale_and_zero is not None:
+            return self.scale_and_zero is not None
+        if N % INT4_BLOCK_ROWS or K % group or self.weight.device.type != "cpu":
+            return False
+        packed = torch.empty(N, K // 2, dtype=torch.uint8)
+        scale_and_zero = torch.empty(K // group, N, 2, dtype=torch.bfloat16)
+        for start in range(0, N, QUANTIZE_BLOCK_ROWS):  # a multiple of 64 rows: packed blocks stay whole
+            rows = slice(start, start + QUANTIZE_BLOCK_ROWS)
+            block = self.weight[rows].float().view(-1, K // group, group)
+            low, high = block.amin(-1), block.amax(-1)
+            scale = ((high - low) / INT4_LEVELS).clamp_min(torch.finfo(torch.float32).tiny).bfloat16().float()
+            zero = (low + 8 * scale).bfloat16().float()  # code 0 reads as the group's minimum
+            codes = ((block - zero[..., None]) / scale[..., None] + 8).round_().clamp_(0, INT4_LEVELS)
+            packed[rows] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.view(-1, K).int(), 1)
+            scale_and_zero[:, rows] = torch.stack([scale, zero], -1).transpose(0, 1)
+        self.weight = packed
+        self.scale_and_zero, self.group = scale_and_zero, group
+        return True
+
+
+QUANTIZATIONS = ("int8", "int4")  # what `Projection.quantize` takes
+
+
+def quantized(module: nn.Module, mode: str | None) -> nn.Module:
+    """`module` with every `Projection` in it quantized to `mode` (None: as it is). Called on each
+    part of a model as it is built, so the full-precision weights never exist all at once."""
+    if mode is not None:
+        for part in module.modules():
+            if isinstance(part, Projection):
+                part.quantize(mode)
+    return module
