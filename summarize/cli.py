@@ -22,7 +22,9 @@ from typer.exceptions import TyperException
 
 from summarize import __version__, batch
 from summarize.errors import SummarizeError
+from summarize.map_batch import parse_size
 from summarize.types import (
+    DEFAULT_BATCH_MEMORY,
     DEFAULT_CHUNK_TOKENS,
     DEFAULT_MODEL,
     DEFAULT_OVERLAP,
@@ -95,6 +97,19 @@ def _probability(p: float | None) -> float | None:
     return p
 
 
+def _size(text: str | None) -> int | None:
+    """--batch-memory: a size such as 1G or 512M."""
+    if text is None:
+        return None
+    try:
+        size = parse_size(text)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    if size <= 0:
+        raise typer.BadParameter(f"{text} is not a positive size.")
+    return size
+
+
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
 
@@ -157,6 +172,10 @@ def summarize(
         min=0, max=MAX_SPECULATE, envvar="SUMMARIZE_SPECULATE",
         help="Draft up to N tokens per step from the document and verify them in one pass "
              "(the same text, faster where it copies); 0 turns it off.")] = DEFAULT_SPECULATE,
+    batch_memory: Annotated[str | None, typer.Option(
+        "--batch-memory", metavar="SIZE", envvar="SUMMARIZE_BATCH_MEMORY", show_default=False, callback=_size,
+        help="Memory for the states of the chunks read together in map-reduce (default 1G: 8 rows "
+             "of a 0.8B model); it bounds the batch whatever the document's length.")] = None,
     password: Annotated[str | None, typer.Option(
         envvar="SUMMARIZE_PASSWORD", show_default=False,
         help="Password for encrypted PDFs; the env var keeps it out of the process list.")
@@ -192,6 +211,7 @@ def summarize(
         words=words, model=model, device=device, dtype=dtype.value if dtype else None,
         quantize=quantize.value if quantize else None, focus=focus, chunk_tokens=chunk_tokens, overlap=overlap, strategy=strategy.value,
         extractive=extractive, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, speculate=speculate,
+        batch_memory=batch_memory or DEFAULT_BATCH_MEMORY,
         diagnostics_file=str(diagnostics_file) if diagnostics_file else None,
         password=password, verbose=verbose,
     )

@@ -31,6 +31,7 @@ from summarize.prompts import (
 from summarize.session import ModelSession
 from summarize.text import count_words, trim_to_words
 from summarize.types import (
+    DEFAULT_BATCH_MEMORY,
     DEFAULT_CHUNK_TOKENS,
     DEFAULT_OVERLAP,
     MAP_REDUCE,
@@ -86,6 +87,7 @@ class ModelSummarizer:
         strategy: str = MAP_REDUCE,
         chunk_tokens: int | None = None,
         overlap: int | None = None,
+        batch_memory: int = DEFAULT_BATCH_MEMORY,
         fallback: Summarizer | None = None,
         notify: Callable[[str], None] = lambda msg: None,
         on_span: Callable[[ModelProgress, SpanReport], None] | None = None,
@@ -104,7 +106,7 @@ class ModelSummarizer:
         self.on_span = on_span
         self.on_phase = on_phase
         self.diagnostics = diagnostics
-        self.map_batch = map_batch_size(session.model, self.chunk_tokens)
+        self.map_batch = map_batch_size(session.model, self.chunk_tokens, batch_memory)
         self.progress = ModelProgress()
         # per-token span reports cost ~10% of a decode step: only when someone reads them
         session.model.listener = self._span if on_span is not None or diagnostics is not None else None

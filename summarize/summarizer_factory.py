@@ -43,6 +43,7 @@ def make_summarizer(settings: Settings, ui: Reporter) -> Summarizer:
             strategy=settings.strategy,
             chunk_tokens=settings.chunk_tokens,
             overlap=settings.overlap,
+            batch_memory=settings.batch_memory,
             fallback=extractive,
             notify=ui.note,
             on_span=ui.span if ui.shows_live_state else None,

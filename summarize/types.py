@@ -32,6 +32,10 @@ STDIN_LABEL = "<stdin>"  # how messages name it
 DEFAULT_SPECULATE = 8
 MAX_SPECULATE = 32
 
+# The memory the states of one batch of chunks may take in map-reduce (map_batch.py): 1 GiB holds
+# 8 rows of the 0.8B model (~40–60 MB a row), whatever the document's length.
+DEFAULT_BATCH_MEMORY = 2**30
+
 DEFAULT_CHUNK_TOKENS = 1536
 DEFAULT_OVERLAP = 128
 MIN_CHUNK_TOKENS, MAX_CHUNK_TOKENS = 64, 32768
@@ -64,6 +68,7 @@ class Settings:
     top_p: float | None = None
     seed: int | None = None
     speculate: int = DEFAULT_SPECULATE  # output-invariant (greedy: the same tokens), so not fingerprinted
+    batch_memory: int = DEFAULT_BATCH_MEMORY  # bytes for one map batch's states; not fingerprinted either
     diagnostics_file: str | None = None
     password: str | None = field(default=None, repr=False)
     verbose: bool = False

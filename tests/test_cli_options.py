@@ -74,6 +74,23 @@ def test_the_cli_defaults_agree_with_the_model_summarizer():
         DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP)
 
 
+# --- the batch memory ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", ["lots", "0", "-1G"])
+def test_a_batch_memory_that_is_not_a_size_is_a_usage_error(source: Path, size: str):
+    assert_usage_error(invoke(str(source), "--batch-memory", size, "--extractive"), "--batch-memory")
+
+
+def test_the_batch_memory_reaches_the_settings(monkeypatch, source: Path):
+    seen = []
+    monkeypatch.setattr(cli.batch, "run", lambda plan, settings, **kwargs: seen.append(settings.batch_memory) or [])
+    monkeypatch.setenv("SUMMARIZE_BATCH_MEMORY", "256M")
+    invoke(str(source), "--extractive")
+    invoke(str(source), "--extractive", "--batch-memory", "2G")
+    assert seen == [256 * 2**20, 2 * 2**30]
+
+
 # --- the device ----------------------------------------------------------------------------
 
 
