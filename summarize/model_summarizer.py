@@ -42,6 +42,9 @@ from summarize.types import (
 )
 
 NOTES_WORDS = 80  # notes per chunk in map-reduce
+# Where a document's seconds go (--json `phase_seconds`): reading (prefill), writing chunks' notes,
+# writing the summary (merging notes included). A batch shared by documents counts for each.
+PHASES = ("prefill", "notes", "summary")
 TOKENS_PER_WORD = 1.6  # generous: English averages ~1.3 tokens per word, other languages more
 STREAM_ATTENTION_WINDOW = 4096  # tokens the attention layers keep in stream mode (plus the prefix)
 RESTATE_LIMIT = 2  # how often the final summary is asked for again when the first is unusable
@@ -168,6 +171,7 @@ class ModelSummarizer:
         if not chunks:
             raise SummarizeError(f"{name}: no text to summarize")
         counters = {"prefix_prefills": 0, "restores": 0, "tokens_in": 0, "tokens_out": 0, "draft_tokens": 0, "accepted_tokens": 0}
+        counters |= {f"{phase}_s": 0.0 for phase in PHASES}
         progress = ModelProgress(input=name, chunks=len(chunks), counters=counters)
         return _Document(name, text, chunks, progress, time.perf_counter())
 
@@ -197,6 +201,7 @@ class ModelSummarizer:
                 "restores": counters["restores"],
                 "draft_tokens": counters["draft_tokens"],
                 "accepted_tokens": counters["accepted_tokens"],
+                "phase_seconds": {phase: round(counters[f"{phase}_s"], 3) for phase in PHASES},
             },
         )
 
@@ -232,7 +237,8 @@ class ModelSummarizer:
             # about what one sequence does
             batch = State.stack(states)
             states.clear()  # the batch holds its own copy: keep one copy of the rows' states alive
-            generations = self._generate(torch.cat(first_logits), batch, NOTES_WORDS, prompts, [(doc, chunk.index) for doc, chunk in group])
+            named = [(doc, chunk.index) for doc, chunk in group]
+            generations = self._generate(torch.cat(first_logits), batch, NOTES_WORDS, prompts, named, phase="notes")
             del batch
             for (doc, _), generation in zip(group, generations):
                 note = clean_output(generation.text)
@@ -362,20 +368,26 @@ class ModelSummarizer:
         return self._prefill(prompt, state), state
 
     def _prefill(self, ids: list[int], state) -> torch.Tensor:
+        started = time.perf_counter()
         self.progress.counters["tokens_in"] += len(ids)
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.s.model.device)
         logits = self.s.model.prefill(input_ids, state)
         release_free_memory()  # chunk after chunk, resident memory stays flat
+        self.progress.counters["prefill_s"] += time.perf_counter() - started
         return logits
 
-    def _generate(self, logits: torch.Tensor, state, words: int, contexts: list[list[int]], rows: list | None = None) -> list:
+    def _generate(
+        self, logits: torch.Tensor, state, words: int, contexts: list[list[int]], rows: list | None = None, phase: str = "summary"
+    ) -> list:
         """Generate from prefilled `state` up to the token budget for `words`; each row's drafts are
         looked up in its `contexts` entry (the text it was given).
 
         `rows`, for a batch that may span documents: one (document, chunk index or None) per row;
         the live view and the diagnostics records then name each row's document and chunk, and
-        each document counts its own tokens.
+        each document counts its own tokens, and the batch's seconds under `phase` ("notes" or
+        "summary").
         """
+        started = time.perf_counter()
         budget = int(words * TOKENS_PER_WORD) + 16
         if rows is not None:
             self.progress.rows = [(doc.name, chunk) for doc, chunk in rows]
@@ -395,6 +407,8 @@ class ModelSummarizer:
             counter["draft_tokens"] += result.draft_tokens
             counter["accepted_tokens"] += result.accepted_tokens
         release_free_memory()
+        for counter in {id(c): c for c in counters}.values():  # a document with many rows counts the batch once
+            counter[f"{phase}_s"] += time.perf_counter() - started
         return results
 
     def _phase(self, chunk: int | None, phase: str) -> None:

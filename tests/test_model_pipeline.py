@@ -85,6 +85,10 @@ def test_prefix_is_computed_once_and_restored_once_per_chunk(model_dir):
         assert result["prefix_prefills"] == 1
         assert result["restores"] == result["chunks"]
         assert result["strategy"] == "map-reduce" and result["model"] == str(model_dir)
+        # where the seconds went: every phase ran, and together they fit in the document's time
+        phases = result["phase_seconds"]
+        assert set(phases) == {"prefill", "notes", "summary"} and all(s > 0 for s in phases.values())
+        assert sum(phases.values()) <= result["seconds"]
     assert result["words"] <= 40
 
 
@@ -100,6 +104,8 @@ def test_prefix_counts_on_the_library_path(model_dir):
     assert counters["prefix_prefills"] == 1
     assert counters["restores"] == summarizer.progress.chunks
     assert count_words(summary.text) <= 30
+    # the seconds of each phase: the chunks were read, their notes and a summary written
+    assert counters["prefill_s"] > 0 and counters["notes_s"] > 0 and counters["summary_s"] > 0
 
 
 def test_stream_recurrent_memory_is_the_same_for_1_and_50_pages(model_dir):
