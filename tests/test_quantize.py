@@ -2,8 +2,8 @@
 
 Tolerances:
 - an int8 projection equals x @ (its dequantized weight)ᵀ to fp32 rounding (1e-5 relative); so
-  does an int4 one with many rows (dequantize, then GEMM); with few rows torch's int4 kernel reads
-  x in bf16: 1e-2 of the largest output (bf16 keeps 8 bits);
+  does an int4 one with many rows (dequantize, then GEMM); with up to INT4_KERNEL_MAX_ROWS rows
+  torch's int4 kernel reads x in bf16: 1e-2 of the largest output (bf16 keeps 8 bits);
 - compiled and eager decode agree to 1e-4 of the largest logit (int8), 2e-2 (int4: the kernel's
   bf16 input, amplified by the tiny random model);
 - the int8 model's logits stay within 10% of the largest fp32 logit (measured: 5%; random weights
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from summarize.engine import load_model
-from summarize.engine.ops.linear import INT4_GROUP, INT4_LEVELS, INT8_MAX, Projection, dequantize_int4
+from summarize.engine.ops.linear import INT4_GROUP, INT4_KERNEL_MAX_ROWS, INT4_LEVELS, INT8_MAX, Projection, dequantize_int4
 from summarize.errors import SummarizeError
 from tiny_models import RWKV_TINY, blinkdl_checkpoint, dense_reference, save_checkpoint
 
@@ -122,14 +122,14 @@ def test_int4_weights_are_within_half_a_step_of_the_original():
     assert (error <= step / 2 * 1.01 + 1e-6).all()  # 1%: scale and zero are rounded to bf16
 
 
-@pytest.mark.parametrize("rows", [1, 3, 40])  # torch's int4 kernel (few rows) and dequantize-then-GEMM
+@pytest.mark.parametrize("rows", [1, 3, INT4_KERNEL_MAX_ROWS])  # torch's int4 kernel (few rows) and dequantize-then-GEMM
 def test_int4_projection_computes_with_its_dequantized_weight(rows):
     projection, _ = int4_projection()
     x = torch.randn(2, rows, 256)
     want = x @ int4_dequantized(projection).t()
     got = projection(x)
     assert got.shape == (2, rows, 192) and got.dtype == x.dtype
-    assert (got - want).abs().max() <= (1e-2 if 2 * rows <= 8 else 1e-5) * want.abs().max()
+    assert (got - want).abs().max() <= (1e-2 if 2 * rows <= INT4_KERNEL_MAX_ROWS else 1e-5) * want.abs().max()
 
 
 def test_int4_embedding_rows_are_the_dequantized_rows():
@@ -163,9 +163,9 @@ def test_int4_model_computes_with_its_dequantized_weights(folder):
             theirs.weight = int4_dequantized(mine)
         elif isinstance(mine, Projection):
             theirs.weight = dequantized(mine)
-    ids = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, VOCAB, (2, INT4_KERNEL_MAX_ROWS), generator=torch.Generator().manual_seed(0))
     want = full(ids, full.new_state(2))
-    assert (int4(ids, int4.new_state(2)) - want).abs().max() <= 1e-4 * want.abs().max()  # 40 rows: GEMM
+    assert (int4(ids, int4.new_state(2)) - want).abs().max() <= 1e-4 * want.abs().max()  # many rows: GEMM
     decoded = []
     for model in (full, int4):  # decode: int4's kernel reads x in bf16
         state = model.new_state(1)
@@ -204,6 +204,6 @@ def test_rwkv7_quantizes_through_the_same_projections(tmp_path, mode):
             theirs.weight = int4_dequantized(mine) if mine.scale_and_zero is not None else dequantized(mine)
     # int4 where the kernel takes the shape (the 160-wide FFN's down projection does not: int8)
     assert stored == ({torch.uint8, torch.int8} if mode == "int4" else {torch.int8})
-    ids = torch.randint(0, RWKV_TINY["vocab"], (1, 40), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, RWKV_TINY["vocab"], (1, INT4_KERNEL_MAX_ROWS + 1), generator=torch.Generator().manual_seed(0))  # GEMM
     want = full(ids, full.new_state(1))
     assert (quantized(ids, quantized.new_state(1)) - want).abs().max() <= 1e-4 * want.abs().max()

@@ -8,7 +8,7 @@ compiled steps call torch's GEMM as eager code does.
 `Projection` holds one weight matrix: in the model's dtype, as int8 with one scale per output row,
 or as int4 with a scale and a zero per group of input channels (weight-only quantization:
 activations stay in the model's dtype). int4 runs on torch's CPU int4 kernel for a few rows, which
-reads half a byte per weight; with more rows it dequantizes and calls the GEMM, which is faster
+reads half a byte per weight; with many rows it dequantizes and calls the GEMM, which is faster
 there (figures: bench/README.md).
 """
 
@@ -26,7 +26,10 @@ INT8_PACKED_MAX_ROWS = 16  # up to this many input rows, eager int8 uses torch's
 QUANTIZE_BLOCK_ROWS = 8192  # rows quantized at a time: bounded fp32 temporaries
 INT4_LEVELS = 15  # codes 0..15, read as (code - 8) · scale + zero by torch's kernel
 INT4_GROUP = 64  # input channels per scale and zero (torch's kernel takes 32, 64, 128 or 256)
-INT4_KERNEL_MAX_ROWS = 8  # up to this many input rows the int4 kernel; with more, dequantize and GEMM
+# Up to this many input rows the int4 kernel; with more (prefill), dequantize and GEMM. The kernel's
+# time grows with the rows (0.8B's MLP matrix, 2 threads: 2 ms at 8 rows, 31 at 128); dequantizing
+# costs about a 1,000-row GEMM's time, so past a few dozen rows it wins.
+INT4_KERNEL_MAX_ROWS = 64
 # torch's CPU packing stores rows in blocks of 64: for each input channel, 32 bytes whose low
 # nibbles are rows 0..31 of the block and high nibbles rows 32..63
 INT4_BLOCK_ROWS = 64
@@ -54,7 +57,7 @@ def linear_int4(x: Tensor, packed: Tensor, scale_and_zero: Tensor, group: int) -
     """x [..., K] times the int4 weight (`packed` [N, K/2] uint8, `scale_and_zero` [K/group, N, 2]
     bf16) transposed → [..., N] in x's dtype. The kernel reads x in bf16."""
     rows = x.reshape(-1, x.shape[-1])
-    if rows.shape[0] > INT4_KERNEL_MAX_ROWS:
+    if rows.shape[0] > INT4_KERNEL_MAX_ROWS or x.device.type != "cpu":
         return F.linear(x, dequantize_int4(packed, scale_and_zero, group, x.dtype))
     out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16).contiguous(), packed, group, scale_and_zero)
     return out.to(x.dtype).reshape(*x.shape[:-1], packed.shape[0])
