@@ -36,6 +36,7 @@ def load_session(settings: Settings, notify: Callable[[str], None]) -> ModelSess
     """Load the model named in `settings` with its tokenizer and stop ids (raises ModelNotAvailable)."""
     dtype = getattr(torch, settings.dtype) if settings.dtype else None
     started = time.perf_counter()  # a first run on a CPU also compiles the steps: ~80 s
+    notify(f"loading {settings.model} (on a CPU the first run also compiles the model's steps: a minute or two)")
     model = load_model(settings.model, device=settings.device, dtype=dtype, quantize=settings.quantize)
     tokenizer, stop_ids = load_tokenizer(model)
     notify(f"model {settings.model} on {model.device} ({_precision(model, settings)}), {_steps(model)}, "
@@ -60,4 +61,7 @@ def _precision(model, settings: Settings) -> str:
 
 
 def _steps(model) -> str:
-    return "compiled steps" if model.compiled is not None else "eager steps"
+    if model.compiled is None:
+        return "eager steps"
+    seconds = model.compiled.seconds  # a first run on a machine compiles; later ones read inductor's disk cache
+    return f"compiled steps ({seconds['prefill']:.0f} s prefill, {seconds['decode']:.0f} s decode)" if seconds else "compiled steps"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -45,6 +46,7 @@ class CompiledSteps(Steps):
     one-sequence decode step as one graph."""
 
     def __init__(self, model) -> None:
+        self.seconds: dict[str, float] = {}  # what compiling took, by kind of step (filled by `compile_steps`)
         self.decode_layer = torch.compile(_layer_step, dynamic=False)
         # a code object of its own: compiled graphs are cached per code object
         self.prefill_layer = torch.compile(lambda *args: _layer_step(*args), dynamic=True)
@@ -88,8 +90,11 @@ def compile_steps(model) -> bool:
         from torch._inductor import inductor_prims  # noqa: F401 - registers the prim `ops.linear` uses (1 s to import)
 
         zeros = torch.zeros(1, WARM_UP_TOKENS, dtype=torch.long, device=model.device)
+        started = time.perf_counter()
         model.prefill(zeros, model.new_state(1))
+        prefilled = time.perf_counter()
         model.decode(zeros[:, 0], model.new_state(1))
+        model.compiled.seconds = {"prefill": prefilled - started, "decode": time.perf_counter() - prefilled}
     except Exception as e:  # noqa: BLE001 - any compiler failure means: run eagerly
         model.steps, model.compiled = eager, None
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
