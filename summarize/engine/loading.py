@@ -19,7 +19,14 @@ import torch
 from summarize.engine.compiled import compile_steps, wanted
 from summarize.engine.family import Family
 from summarize.engine.memory import bound_kernel_caches, release_free_memory
-from summarize.engine.registry import FAMILIES, family_for_file, family_for_model_type, family_named, supported_model_types
+from summarize.engine.registry import (
+    FAMILIES,
+    families_for_file,
+    family_for_checkpoint,
+    family_for_model_type,
+    family_named,
+    supported_model_types,
+)
 from summarize.engine.safetensors_file import HEADER_LENGTH_BYTES, MAX_HEADER_BYTES, SAFETENSORS_DTYPES, bytes_of
 from summarize.errors import SummarizeError
 
@@ -219,7 +226,7 @@ def load_model(
     quantize: str | None = None,
 ):
     """Load a recurrent-state model from a local folder, a hub id or a family's weight file (an
-    RWKV-7 `.pth`); see docs/design.md §5.
+    RWKV-6 or RWKV-7 `.pth`); see docs/design.md §5.
 
     `compile`: run prefill and decode steps through torch.compile (`compiled`); None decides by the
     environment (SUMMARIZE_COMPILE) and the model's size. `quantize="int8"`: weight-only int8
@@ -233,12 +240,14 @@ def load_model(
         raise SummarizeError(f"unknown quantization {quantize!r} (supported: {', '.join(QUANTIZE_MODES[1:])})")
     dtype = dtype or default_dtype(device)
     path = Path(source).expanduser()
-    file_family = family_for_file(path.suffix)
-    if file_family is not None:
+    file_families = families_for_file(path.suffix)
+    if file_families:
         if not path.is_file():
             raise ModelNotAvailable(f"{source}: no such checkpoint file")
-        _check_quantize(file_family, quantize, dtype)  # said before reading a multi-gigabyte file
-        model = file_family.build({}, TorchCheckpoint(path), device=device, dtype=dtype, quantize=quantize)
+        checkpoint = TorchCheckpoint(path)  # memory-mapped: its names are read, no tensor yet
+        family = family_for_checkpoint(file_families, checkpoint)
+        _check_quantize(family, quantize, dtype)  # said before reading a multi-gigabyte file
+        model = family.build({}, checkpoint, device=device, dtype=dtype, quantize=quantize)
         model.source = path.parent
         return model
     folder = resolve_source(source)
