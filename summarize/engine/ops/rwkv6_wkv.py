@@ -23,14 +23,16 @@ Shared conventions (B batch, T tokens, H heads, K = V = head size):
 
 Why the chunk form stays exact with unbounded decays: RWKV-7's form splits the decay between two
 tokens into exp(c_t) exp(-c_s), which overflows once a chunk's decays sum below about -88. Here, as
-in flash-linear-attention's chunk_rwkv6, every factor is the exponential of a sum of log decays over
-a stretch of tokens, so every exponent is <= 0 and every factor lies in [0, 1]. A chunk is cut into
-sub-chunks of SUB_CHUNK tokens: between sub-chunks the decay from s to t is split at a pivot, the
-start of t's sub-chunk (r's side: from the pivot to t; k's side: from s to the pivot, itself the
-rest of s's sub-chunk times the sub-chunks between); inside a sub-chunk the decays are taken per
-pair of tokens, element-wise, and the bonus sits on the diagonal. Each of these sums is added up
-directly, never as the difference of two running sums, which would lose a small decay next to a
-large one: the result is as exact as the token-by-token loop.
+in flash-linear-attention's chunk_rwkv6, a chunk is cut into sub-chunks of SUB_CHUNK tokens with a
+pivot at each sub-chunk's start. Between sub-chunks the decay from s to t is split at the pivot of
+t's sub-chunk (r's side: from the pivot to t; k's side: from s to the pivot, the rest of s's
+sub-chunk times the sub-chunks between): every exponent is <= 0 and every factor lies in [0, 1].
+Inside a sub-chunk (the diagonal blocks, the bonus on their diagonal) the split is at the same
+pivot but taken in fp64, whose range (e^±709) holds 16 tokens of decays floored at e^-40 both ways;
+fla takes these 16 x 16 pairs element-wise instead, which made the whole op about four times slower
+on a CPU for the same result. Each sum of log decays is added up directly (or in fp64), never as the
+difference of two fp32 running sums, which would lose a small decay next to a large one: the
+result is as exact as the token-by-token loop.
 
 Every tier also reports the diagnostics of docs/design.md §4 as ``RecurrenceStats``: gate_mean is the
 mean decay w over tokens, heads and channels; delta_norm is the mean over tokens of what a token
@@ -51,11 +53,16 @@ from summarize.engine.state import Recurrence
 
 __all__ = ["RWKV6_WKV", "chunk_rwkv6", "naive_recurrent_rwkv6", "recurrent_step_rwkv6", "rwkv6_wkv", "verify_rwkv6"]
 
-SUB_CHUNK = 16  # tokens whose pairwise decays are taken element-wise ([16, 16, K] per sub-chunk)
-DEFAULT_CHUNK_SIZE = 64  # tokens per step of the loop over the carried state; a multiple of SUB_CHUNK
-# exp() of anything below -104 is 0 in fp32 (subnormals included): a floor changes no factor and
-# keeps the sums finite (w = 0 would make log_w = -inf, and -inf - -inf is NaN)
-LOG_DECAY_FLOOR = -128.0
+SUB_CHUNK = 16  # tokens whose pairwise decays are split in fp64: 16 x LOG_DECAY_FLOOR stays within e^±709
+# Tokens per step of the loop over the carried state, a multiple of SUB_CHUNK. Measured on a CPU
+# (80 heads of 64, 2,048 tokens, one thread, best of 3): 16 tokens ~4,300 tok/s, 32 up to as many,
+# 64 ~1,500 (the blocks between sub-chunks cost more than the fewer steps save); one token at a
+# time ~2,500.
+DEFAULT_CHUNK_SIZE = 16
+# A decay below e^-40 per token counts as e^-40: what it multiplies shrinks by 4e-18 or more either
+# way, far below fp32's precision, and the sums stay finite (w = 0 would give log_w = -inf, and
+# -inf - -inf is NaN) and within fp64's range over a sub-chunk
+LOG_DECAY_FLOOR = -40.0
 
 
 def rwkv6_wkv(
@@ -198,7 +205,7 @@ def _chunk_block(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, u: Tensor, *, S
 
 
 def _chunk_terms(r: Tensor, k: Tensor, v: Tensor, lw: Tensor, u: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """What each chunk contributes, apart from the state it starts from; every exponent <= 0.
+    """What each chunk contributes, apart from the state it starts from.
 
     Args:
         r, k, lw: [M, C, K] fp32 (lw >= LOG_DECAY_FLOOR, C a multiple of SUB_CHUNK).
@@ -219,6 +226,22 @@ def _chunk_terms(r: Tensor, k: Tensor, v: Tensor, lw: Tensor, u: Tensor) -> tupl
     before = F.pad(lw[:, :, :-1].cumsum(2), (0, 0, 1, 0))  # [M, n, L, K]
     after = F.pad(lw[:, :, 1:].flip(2).cumsum(2).flip(2), (0, 0, 0, 1))
     whole = lw.sum(2)  # [M, n, K], each sub-chunk's decay
+    r_piv = r * before.exp()  # r_t from the pivot (its sub-chunk's start) to before t
+    k_piv = k * after.exp()  # k_s from after s to the end of its sub-chunk
+
+    # the diagonal blocks: the decay strictly between s and t split at the sub-chunk's start, in fp64,
+    # whose range (e^±709) holds a sub-chunk's decays (>= SUB_CHUNK x LOG_DECAY_FLOOR = -640) both ways
+    lw64 = lw.double()
+    upto = lw64.cumsum(2)  # through s
+    diagonal = torch.matmul(r.double() * (upto - lw64).exp(), (k.double() * (-upto).exp()).transpose(-1, -2))
+    t = torch.arange(L, device=device)
+    diagonal = diagonal.masked_fill_(t[:, None] <= t[None, :], 0.0).float()  # s < t only: exp(...) <= 1 there
+    diagonal += torch.diag_embed((r * u[:, None, None, :] * k).sum(-1))  # the bonus: t's own value
+
+    q, k_end, decay = r_piv.reshape(M, C, K), k_piv.reshape(M, C, K), whole.sum(1).exp()
+    if n == 1:
+        return q, torch.bmm(diagonal.view(M, C, C), v), k_end, decay
+
     # across sub-chunks: before sub-chunk i, after sub-chunk j, and strictly between j and i
     before_sub = F.pad(whole[:, :-1].cumsum(1), (0, 0, 1, 0))  # [M, n, K]
     after_sub = F.pad(whole[:, 1:].flip(1).cumsum(1).flip(1), (0, 0, 0, 1))
@@ -226,26 +249,14 @@ def _chunk_terms(r: Tensor, k: Tensor, v: Tensor, lw: Tensor, u: Tensor) -> tupl
     between = (m[None, :, None] < m[None, None, :]) & (m[None, None, :] < m[:, None, None])  # [i, j, m]: j < m < i
     gap = torch.einsum("ijm,xmk->xijk", between.float(), whole)  # [M, n(i), n(j), K]
     earlier = (m[None, :] < m[:, None])[None, :, :, None]  # sub-chunk j before sub-chunk i
-
-    r_piv = r * before.exp()  # r_t from the pivot (its sub-chunk's start) to before t
-    k_piv = k * after.exp()  # k_s from after s to the end of its sub-chunk
-    # blocks of earlier sub-chunks: (r_piv * decay between) @ k_piv^T  -> [M, n, n, L, L]
+    # blocks of earlier sub-chunks, every factor <= 1: (r_piv * decay between) @ k_piv^T  -> [M, n, n, L, L]
     cross = torch.where(earlier, gap.exp(), 0.0)
     blocks = torch.matmul(r_piv[:, :, None] * cross[:, :, :, None, :], k_piv[:, None].transpose(-1, -2))
-
-    # the diagonal blocks, pair by pair: the decay strictly between s and t, summed token by token
-    t = torch.arange(L, device=device)
-    lw_prev = F.pad(lw[:, :, :-1], (0, 0, 1, 0))  # log w_{t-1}
-    steps = torch.where((t[:, None] >= t[None, :] + 2)[..., None], lw_prev[:, :, :, None, :], 0.0)  # [M, n, L, L, K]
-    pair_decay = torch.where((t[:, None] > t[None, :])[..., None], steps.cumsum(2).exp(), 0.0)
-    diagonal = torch.einsum("xntsk,xnsk->xnts", pair_decay * r[:, :, :, None, :], k)
-    diagonal = diagonal + torch.diag_embed((r * u[:, None, None, :] * k).sum(-1))  # the bonus: t's own value
     blocks.diagonal(dim1=1, dim2=2).copy_(diagonal.permute(0, 2, 3, 1))
-
     p = torch.bmm(blocks.transpose(2, 3).reshape(M, C, C), v)  # rows (i, t), columns (j, s)
     q = (r_piv * before_sub.exp()[:, :, None, :]).reshape(M, C, K)
     k_end = (k_piv * after_sub.exp()[:, :, None, :]).reshape(M, C, K)
-    return q, p, k_end, whole.sum(1).exp()
+    return q, p, k_end, decay
 
 
 @torch.no_grad()  # updates the state in place
