@@ -105,14 +105,14 @@ class RwkvTokenizer:
 
     def with_chat(self, chat: ChatFormat) -> RwkvTokenizer:
         """The same vocabulary (shared, not copied) with another chat format."""
-        if not self.fits(chat):
-            missing = [t.decode("utf-8", "replace") for t in chat.control_tokens if t not in self._ids]
-            raise VocabularyError(f"the vocabulary lacks the {chat.name} chat tokens {', '.join(missing)}")
         other = copy.copy(self)
         other._use(chat)
         return other
 
     def _use(self, chat: ChatFormat) -> None:
+        if not self.fits(chat):
+            missing = [t.decode("utf-8", "replace") for t in chat.control_tokens if t not in self._ids]
+            raise VocabularyError(f"the vocabulary lacks the {chat.name} chat tokens {', '.join(missing)}")
         ids = self._ids
         self.chat = chat
         self.stop_ids = frozenset({END_OF_TEXT} if chat.stop_at_end_of_text else set()) | {ids[t] for t in chat.stop_tokens}
@@ -151,7 +151,7 @@ class RwkvTokenizer:
     @classmethod
     def default(cls) -> RwkvTokenizer:
         """The World vocabulary shipped with the package, G1's chat format (read once per process)."""
-        return _read_vocabulary(VOCAB_FILE)
+        return read_vocabulary(VOCAB_FILE)
 
     @property
     def vocab_size(self) -> int:
@@ -259,15 +259,7 @@ def vocabulary_file(folder: Path | None) -> Path:
 
 def read_vocabulary(path: Path) -> RwkvTokenizer:
     """The tokenizer of a vocabulary file (G1's chat format), read once per process and file version."""
-    return _read_vocabulary(Path(path))
-
-
-@lru_cache(maxsize=4)
-def _read_cached(path: Path, version: tuple[int, int]) -> RwkvTokenizer:
-    return RwkvTokenizer.from_file(path)
-
-
-def _read_vocabulary(path: Path) -> RwkvTokenizer:
+    path = Path(path)
     try:
         stat = path.stat()
     except OSError as exc:
@@ -275,12 +267,18 @@ def _read_vocabulary(path: Path) -> RwkvTokenizer:
     return _read_cached(path.resolve(), (stat.st_mtime_ns, stat.st_size))
 
 
+@lru_cache(maxsize=4)
+def _read_cached(path: Path, version: tuple[int, int]) -> RwkvTokenizer:
+    return RwkvTokenizer.from_file(path)
+
+
 def load_rwkv_tokenizer(folder: Path, formats: Sequence[ChatFormat] = (G1_CHAT,)) -> tuple[RwkvTokenizer, frozenset[int]]:
     """The tokenizer of a model in `folder` (its own vocabulary, else the shipped World one) with
     the first of `formats` whose control tokens the vocabulary holds, and the ids that end its answers."""
-    vocabulary = read_vocabulary(vocabulary_file(folder))
-    chat = next((chat for chat in formats if vocabulary.fits(chat)), None)
-    if chat is None:
-        raise VocabularyError(f"{vocabulary_file(folder)}: the vocabulary lacks the tokens of the {formats[-1].name} chat format")
-    tokenizer = vocabulary.with_chat(chat)
+    path = vocabulary_file(folder)
+    vocabulary = read_vocabulary(path)
+    try:
+        tokenizer = vocabulary.with_chat(next((chat for chat in formats if vocabulary.fits(chat)), formats[-1]))
+    except VocabularyError as exc:
+        raise VocabularyError(f"{path}: {exc}") from None
     return tokenizer, tokenizer.stop_ids
