@@ -639,7 +639,8 @@ def test_pdf_to_summary_with_a_pth(world_checkpoint, tmp_path, strategy):
     assert_every_layer_reported(summarize_cli(world_checkpoint, tmp_path, "--strategy", strategy), layers=2)
 
 
-def test_pdf_to_summary_with_a_mobius_folder(world_checkpoint, mobius_vocab, tmp_path):
+@pytest.mark.parametrize("strategy", ["map-reduce", "stream"])
+def test_pdf_to_summary_with_a_mobius_folder(world_checkpoint, mobius_vocab, tmp_path, strategy):
     folder = rwkv6_hf_layout(world_checkpoint, tmp_path / "mobius")
     (folder / VOCAB_FILE.name).write_bytes(mobius_vocab.read_bytes())
-    assert_every_layer_reported(summarize_cli(folder, tmp_path), layers=2)
+    assert_every_layer_reported(summarize_cli(folder, tmp_path, "--strategy", strategy), layers=2)
