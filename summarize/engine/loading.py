@@ -244,9 +244,10 @@ def load_model(
     if file_families:
         if not path.is_file():
             raise ModelNotAvailable(f"{source}: no such checkpoint file")
+        _check_quantize(file_families, quantize, dtype)  # said before opening a multi-gigabyte file
         checkpoint = TorchCheckpoint(path)  # memory-mapped: its names are read, no tensor yet
         family = family_for_checkpoint(file_families, checkpoint)
-        _check_quantize(family, quantize, dtype)  # said before reading a multi-gigabyte file
+        _check_quantize([family], quantize, dtype)
         model = family.build({}, checkpoint, device=device, dtype=dtype, quantize=quantize)
         model.source = path.parent
         return model
@@ -256,7 +257,7 @@ def load_model(
     family = family_for_model_type(model_type)
     if family is None:
         raise SummarizeError(f"{folder}: unsupported model_type {model_type!r} (supported: {', '.join(supported_model_types())})")
-    _check_quantize(family, quantize, dtype)
+    _check_quantize([family], quantize, dtype)
     model = family.build(config, Checkpoint(folder), device=device, dtype=dtype, quantize=quantize)
     model.source = folder
     release_free_memory()  # what loading (and quantizing) freed goes back to the OS
@@ -266,10 +267,12 @@ def load_model(
     return model
 
 
-def _check_quantize(family: Family, quantize: str | None, dtype: torch.dtype) -> None:
-    if quantize and quantize not in family.quantize_modes:
+def _check_quantize(families: list[Family], quantize: str | None, dtype: torch.dtype) -> None:
+    """Refuse `quantize` unless one of `families` (those the checkpoint may be) accepts it."""
+    if quantize and not any(quantize in family.quantize_modes for family in families):
         able = ", ".join(f.label for f in FAMILIES if quantize in f.quantize_modes)
-        raise SummarizeError(f"--quantize {quantize} is for {able} models; {family.label} runs in {str(dtype).removeprefix('torch.')}")
+        which = " or ".join(family.label for family in families)
+        raise SummarizeError(f"--quantize {quantize} is for {able} models; {which} runs in {str(dtype).removeprefix('torch.')}")
 
 
 def flush_denormals_to_zero() -> None:
