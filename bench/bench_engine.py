@@ -678,7 +678,7 @@ def report(args, lengths: list[int], limits: dict, results: dict) -> None:
                 f"{costs['attention_flop_per_token_per_length'] * 1024 / 1e9:.4f} GFLOP/token per 1K prompt tokens; "
                 f"decode reads {decode_bytes(costs, args.decode_prompt) / 1e9:.3f} GB/token; state "
                 f"{costs['recurrent_bytes'] / 2**20:.1f} MiB recurrent + {costs['kv_bytes_per_token'] / 1024:.1f} KiB "
-                f"KV per token (state per sequence after any number of tokens: {costs['recurrent_bytes']:,} bytes); "
+                f"KV per token (the recurrent state per sequence, at any length: {costs['recurrent_bytes']:,} bytes); "
                 f"our process before loading (torch imported) {ours[0]['baseline_rss'] / 1e9:.2f} GB; "
                 f"prefill and decode steps {'compiled' if ours[0].get('compiled') else 'eager'}."
             )
