@@ -3,6 +3,7 @@
     python bench/bench_engine.py --folder /tmp/qwen3.5-0.8B-random   # the full run: 0.8B, bf16, fp32, int8, int4
     python bench/bench_engine.py --dtypes bfloat16 --skip-transformers   # our engine only, bf16
     python bench/bench_engine.py --tiny                                 # self-test on a tiny model, < 1 min
+    python bench/bench_engine.py --shape mobius --layers 1 --dtypes bfloat16   # RWKV-6 Mobius (12B), its first layer
     python bench/bench_engine.py --folder /tmp/q08 --dtypes bfloat16,int8 \
         --llama-bench ~/llama.cpp/build/bin/llama-bench --gguf bfloat16=/tmp/q08-bf16.gguf --gguf int8=/tmp/q08-q8_0.gguf
 
@@ -38,6 +39,9 @@ Method
 - int8, int4: weight-only (`--quantize int8`, `--quantize int4`), activations in the dtype
   `summarize` picks on this machine (bf16 with native bf16 matmuls, else fp32; the int4 kernel
   reads them in bf16); transformers has no such rows.
+- RWKV-6 (`--shape mobius`, Mobius's 12B shape, written by random_checkpoint.build_rwkv6): our
+  engine alone (transformers runs RWKV-6 only through a repository's own code); the
+  notes give the state's bytes per sequence, the same for every length.
 - Batched decode: the prompt's state stacked B times (`State.stack`, as batched summaries do).
 - Diagnostics: prefill of --diag-length tokens with the per-chunk stats switched off (patched),
   with listener None (the default: cheap stats and a NaN check) and with a no-op listener (full
@@ -74,6 +78,7 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -105,6 +110,7 @@ TINY_CONFIG = dict(
     layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
     tie_word_embeddings=True,
 )
+RWKV_SHAPES = {"mobius": "RWKV-6 Mobius (12B)"}  # shapes our engine runs alone: transformers has no class for them
 TINY_DEFAULTS = dict(lengths="64,256", decode_tokens=8, decode_prompt=64, batch=4, diag_length=128)
 FULL_DEFAULTS = dict(lengths="512,2048,8192", decode_tokens=32, decode_prompt=512, batch=8, diag_length=2048)
 
@@ -146,6 +152,8 @@ def random_ids(vocab: int, batch: int, tokens: int) -> torch.Tensor:
 
 def model_costs(model) -> dict:
     """What one token costs our model: weight bytes, matmul weights, bytes a decode step reads."""
+    if model.family != "qwen3_5":
+        return rwkv_costs(model)
     cfg = model.cfg
     tied = model.lm_head is model.embed_tokens
     active = cfg.num_experts_per_tok / cfg.num_experts if cfg.num_experts else 1.0
@@ -178,21 +186,40 @@ def model_costs(model) -> dict:
     )
 
 
+def rwkv_costs(model) -> dict:
+    """model_costs of an RWKV model: every layer recurrent, no KV cache; the embedding is a lookup."""
+    weight_bytes = sum(buf.numel() * buf.element_size() for buf in model.buffers())
+    embedding_bytes = model.embedding.numel() * model.embedding.element_size()
+    matrices = sum(buf.numel() for name, buf in model.named_buffers()
+                   if buf.dim() >= 2 and name not in ("embedding", "head") and not name.endswith((".bonus", ".mix")))
+    return dict(
+        weight_bytes=weight_bytes,
+        matmul_params=matrices,
+        head_params=model.head.numel(),
+        attention_flop_per_token_per_length=0,
+        kv_bytes_per_token=0,
+        recurrent_bytes=model.new_state(1).recurrent_nbytes,
+        step_weight_bytes=weight_bytes - embedding_bytes,
+    )
+
+
 @contextmanager
-def stats_off():
-    """Run Gated DeltaNet layers with their per-chunk stats switched off: the no-diagnostics baseline."""
-    from summarize.engine import qwen3_5
+def stats_off(family: str):
+    """Run the recurrent layers with their per-chunk stats switched off: the no-diagnostics baseline.
+    (Their forward takes `with_stats` last: Gated DeltaNet's and RWKV-6's time-mix.)"""
+    from summarize.engine import qwen3_5, rwkv6
 
-    original = qwen3_5.GatedDeltaNet.forward
+    layer = {"qwen3_5": qwen3_5.GatedDeltaNet, "rwkv6": rwkv6.TimeMix}[family]
+    original = layer.forward
 
-    def forward(self, x, state, with_stats):
-        return original(self, x, state, False)
+    def forward(self, *args):
+        return original(self, *args[:-1], False)
 
-    qwen3_5.GatedDeltaNet.forward = forward
+    layer.forward = forward
     try:
         yield
     finally:
-        qwen3_5.GatedDeltaNet.forward = original
+        layer.forward = original
 
 
 def ours_steps(model, state, token: torch.Tensor, n: int) -> torch.Tensor:
@@ -260,9 +287,9 @@ def diagnostics(model, args) -> dict:
     vocab, noop = model.cfg.vocab_size, lambda report: None
     runs = max(args.repeats, DIAGNOSTICS_MIN_REPEATS)
     ids = random_ids(vocab, 1, args.diag_length)
-    modes = {"off": (None, stats_off), "default": (None, nullcontext), "listener": (noop, nullcontext)}
+    modes = {"off": (None, partial(stats_off, model.family)), "default": (None, nullcontext), "listener": (noop, nullcontext)}
     try:  # the patch follows the engine's internals; without it, still compare the other two
-        with stats_off():
+        with stats_off(model.family):
             model.prefill(ids[:, :WARMUP_TOKENS], model.new_state(1))
     except Exception as exc:
         log(f"stats could not be switched off ({exc!r}); comparing listener and default only")
@@ -404,8 +431,10 @@ def checkpoint(args, scratch: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     if args.tiny:
         return build_tiny(folder)
-    from random_checkpoint import build
+    from random_checkpoint import build, build_rwkv6
 
+    if args.shape in RWKV_SHAPES:
+        return build_rwkv6(folder, CHECKPOINT_DTYPE, args.layers)
     return build(args.shape, folder, CHECKPOINT_DTYPE, args.layers)
 
 
@@ -514,7 +543,8 @@ def log(message: str) -> None:
 
 
 def measure(args, dtype: str, lengths: list[int]) -> dict:
-    engines = ["ours"] + ([] if args.skip_transformers or dtype in QUANTIZED else ["transformers"])
+    alone = args.skip_transformers or dtype in QUANTIZED or args.shape in RWKV_SHAPES
+    engines = ["ours"] + ([] if alone else ["transformers"])
     m: dict = {"prefill": {}}
     for engine in engines:
         for length in lengths:
@@ -665,11 +695,16 @@ def report(args, lengths: list[int], limits: dict, results: dict) -> None:
                 f"{costs['attention_flop_per_token_per_length'] * 1024 / 1e9:.4f} GFLOP/token per 1K prompt tokens; "
                 f"decode reads {decode_bytes(costs, args.decode_prompt) / 1e9:.3f} GB/token; state "
                 f"{costs['recurrent_bytes'] / 2**20:.1f} MiB recurrent + {costs['kv_bytes_per_token'] / 1024:.1f} KiB "
-                f"KV per token; our process before loading (torch imported) {ours[0]['baseline_rss'] / 1e9:.2f} GB; "
+                f"KV per token (the recurrent state per sequence, at any length: {costs['recurrent_bytes']:,} bytes); "
+                f"our process before loading (torch imported) {ours[0]['baseline_rss'] / 1e9:.2f} GB; "
                 f"prefill and decode steps {'compiled' if ours[0].get('compiled') else 'eager'}."
             )
     shape = "tiny" if args.tiny else args.shape + (f" (its first {args.layers} layers)" if args.layers else "")
-    print(f"### Qwen3.5 {shape}, random weights, {args.threads} threads, median of {args.repeats}\n")
+    if not args.tiny and args.shape in RWKV_SHAPES:
+        shape = RWKV_SHAPES[args.shape] + (f" (its first {args.layers} layers)" if args.layers else "")
+    else:
+        shape = "Qwen3.5 " + shape
+    print(f"### {shape}, random weights, {args.threads} threads, median of {args.repeats}\n")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for row in rows:
@@ -711,7 +746,8 @@ def transformers_version() -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", default="0.8B", choices=["0.8B", "2B", "35B-A3B"], help="a real Qwen3.5 shape")
+    p.add_argument("--shape", default="0.8B", choices=["0.8B", "2B", "35B-A3B", *RWKV_SHAPES],
+                   help="a real Qwen3.5 shape, or mobius: RWKV-6 Mobius (12B)")
     p.add_argument("--layers", type=int, help="only the shape's first N layers (for a checkpoint built here)")
     p.add_argument("--tiny", action="store_true", help="a tiny random model and short lengths: a quick self-test")
     p.add_argument("--folder", help="checkpoint folder: reused if it holds config.json, else built there and kept")
@@ -737,6 +773,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if len(gguf) != len(args.gguf) or (args.llama_bench and not gguf) or (gguf and not args.llama_bench):
         p.error("--llama-bench and --gguf DTYPE=FILE go together")
     args.gguf = gguf
+    if args.shape in RWKV_SHAPES and not args.tiny and not args.worker and "int8" in args.dtypes.split(","):
+        log("RWKV-6 runs in bf16 or fp32 (no int8): int8 left out")
+        args.dtypes = ",".join(d for d in args.dtypes.split(",") if d != "int8") or "bfloat16"
     for key, value in (TINY_DEFAULTS if args.tiny else FULL_DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)

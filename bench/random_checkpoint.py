@@ -1,11 +1,17 @@
-"""Write a random-weight checkpoint of a real Qwen3.5 shape (from ../shared/reference/qwen3.5).
+"""Write a random-weight checkpoint of a real Qwen3.5 shape (from ../shared/reference/qwen3.5), or
+of Mobius's RWKV-6 shape.
 
     python bench/random_checkpoint.py 0.8B /tmp/qwen3.5-0.8B-random [--dtype bfloat16] [--layers N]
+    python bench/random_checkpoint.py mobius /tmp/mobius-1-layer --layers 1
 
-transformers builds and saves it, so the files are laid out exactly as the hub's. Weight values
-do not change speed or memory. The real tokenizer is copied beside it. `--layers N` keeps the
-first N layers (their types as in the full model): the MoE shape's 40 layers (70 GB in bf16) do
-not fit a small machine, its first 4 (two thirds of them experts) do.
+transformers builds and saves the Qwen3.5 shapes, so the files are laid out exactly as the hub's;
+the real tokenizer is copied beside them. Mobius (RWKV-6, 12B: hidden 5120, 80 heads of 64, FFN
+17920, LoRA ranks 32 and 64, vocabulary 65536, 32 layers) is written here in the Hugging Face
+`rwkv6` layout, one safetensors file per layer, so that memory holds one layer at a time; its
+tokenizer ships with summarize. Weight values do not change speed or memory. `--layers N` keeps
+the first N layers (their types as in the full model): the MoE shape's 40 layers (70 GB in bf16)
+do not fit a small machine, its first 4 (two thirds of them experts) do; Mobius is 24 GB in bf16,
+its first layer and the embedding and head 2 GB.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import torch
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "qwen3.5"
 TOKENIZER = REFERENCE / "tokenizer.json"
+# Mobius-RWKV-r6-12B, from its config and tensor shapes
+MOBIUS = dict(vocab=65536, hidden=5120, layers=32, head_size=64, ffn=17920, mix_rank=32, decay_rank=64)
 
 
 def text_config(name: str, layers: int | None = None) -> dict:
@@ -52,11 +60,55 @@ def build(name: str, folder: Path, dtype: torch.dtype, layers: int | None = None
     return folder
 
 
+def build_rwkv6(folder: Path, dtype: torch.dtype, layers: int | None = None, shape: dict = MOBIUS) -> Path:
+    """An RWKV-6 of `shape` in the Hugging Face `rwkv6` layout (config.json, one safetensors file
+    per layer), with decays as trained models have them: per token from 0.998 down to exp(-12)."""
+    from safetensors.torch import save_file
+
+    V, C, N, FF = shape["vocab"], shape["hidden"], shape["head_size"], shape["ffn"]
+    D, DW, layers = shape["mix_rank"], shape["decay_rank"], layers or shape["layers"]
+    gen = torch.Generator().manual_seed(0)
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def normal(*size, std=0.02):
+        return (torch.randn(*size, generator=gen) * std).to(dtype)
+
+    def uniform(*size, low=0.0, high=1.0):
+        return (low + (high - low) * torch.rand(*size, generator=gen)).to(dtype)
+
+    top = {"rwkv.embeddings.weight": normal(V, C, std=1.0), "head.weight": normal(V, C, std=C**-0.5),
+           "rwkv.ln_out.weight": uniform(C, low=0.9, high=1.1), "rwkv.ln_out.bias": normal(C)}
+    save_file(top, str(folder / "model-embedding-head.safetensors"))
+    del top
+    for i in range(layers):
+        b, a, f = f"rwkv.blocks.{i}.", f"rwkv.blocks.{i}.attention.", f"rwkv.blocks.{i}.feed_forward."
+        z = {b + f"{norm}.{part}": uniform(C, low=0.9, high=1.1) if part == "weight" else normal(C)
+             for norm in (["pre_ln", "ln1", "ln2"] if i == 0 else ["ln1", "ln2"]) for part in ("weight", "bias")}
+        z |= {a + f"time_maa_{name}": uniform(1, 1, C) for name in "xwkvrg"}
+        z |= {a + "time_maa_w1": normal(C, 5 * D), a + "time_maa_w2": normal(5, D, C),
+              a + "time_decay": uniform(1, 1, C, low=-6.0, high=2.5), a + "time_decay_w1": normal(C, DW),
+              a + "time_decay_w2": normal(DW, C), a + "time_faaaa": normal(C // N, N, std=0.3),
+              a + "ln_x.weight": uniform(C, low=0.9, high=1.1), a + "ln_x.bias": normal(C)}
+        z |= {a + f"{name}.weight": normal(C, C, std=C**-0.5) for name in ("receptance", "key", "value", "gate", "output")}
+        z |= {f + "time_maa_k": uniform(1, 1, C), f + "time_maa_r": uniform(1, 1, C),
+              f + "key.weight": normal(FF, C, std=C**-0.5), f + "receptance.weight": normal(C, C, std=C**-0.5),
+              f + "value.weight": normal(C, FF, std=FF**-0.5)}
+        save_file(z, str(folder / f"model-layer-{i:02d}.safetensors"))
+    config = {"model_type": "rwkv6", "architectures": ["Rwkv6ForCausalLM"], "vocab_size": V, "hidden_size": C,
+              "attention_hidden_size": C, "head_size": N, "head_size_divisor": 8, "intermediate_size": FF,
+              "num_hidden_layers": layers, "layer_norm_epsilon": 1e-5, "rescale_every": 6, "tie_word_embeddings": False}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("shape", choices=["0.8B", "2B", "9B", "35B-A3B"])
+    parser.add_argument("shape", choices=["0.8B", "2B", "9B", "35B-A3B", "mobius"])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--layers", type=int, help="keep only the first N layers")
     args = parser.parse_args()
-    print(build(args.shape, args.folder, getattr(torch, args.dtype), args.layers))
+    if args.shape == "mobius":
+        print(build_rwkv6(args.folder, getattr(torch, args.dtype), args.layers))
+    else:
+        print(build(args.shape, args.folder, getattr(torch, args.dtype), args.layers))

@@ -397,6 +397,7 @@ class ModelSummarizer:
                 self.s.model, None, state, tokenizer=self.s.tokenizer, stop_ids=self.s.stop_ids,
                 max_new_tokens=budget, sampling=self.s.sampling, first_logits=logits,
                 stop_texts=self.s.tokenizer.stop_texts,  # RWKV: the answer ends where a new round opens
+                banned_ids=self.s.tokenizer.banned_ids,  # RWKV-6 World: end-of-text is never sampled
                 speculate=self.s.speculate, contexts=contexts, draft_costs=self.s.draft_costs,
             )
         finally:

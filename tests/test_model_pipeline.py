@@ -22,7 +22,7 @@ from summarize.model_summarizer import MIN_SUMMARY_WORDS, TOKENS_PER_WORD, Model
 from summarize.session import load_session
 from summarize.text import count_words
 from summarize.types import DEFAULT_SPECULATE, Settings
-from tiny_models import REAL_TOKENIZER, tiny_released_layout
+from tiny_models import REAL_TOKENIZER, RWKV_TINY, blinkdl_checkpoint, tiny_released_layout
 
 pytestmark = pytest.mark.skipif(not REAL_TOKENIZER.is_file(), reason="needs ../shared/reference/qwen3.5/tokenizer.json")
 
@@ -177,13 +177,12 @@ def test_int8_weights_from_the_command_line(model_dir):
     assert f"model {model_dir} on cpu (float32, int8 weights)" in proc.stderr  # the model ran, in int8
 
 
-def test_int8_is_refused_for_an_rwkv_checkpoint(tmp_path):
-    checkpoint = tmp_path / "model.pth"
-    checkpoint.write_bytes(b"")
-    proc = run_cli("-", "-m", str(checkpoint), "--quantize", "int8", stdin="Some text. " * 20)
-    assert "--quantize int8 is for Qwen3.5 models" in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert proc.returncode == 1 and "unexpected" not in proc.stderr  # the input's own error line
+def test_int4_weights_for_an_rwkv_checkpoint_from_the_command_line(tmp_path):
+    checkpoint = blinkdl_checkpoint(tmp_path / "tiny.pth", **RWKV_TINY | dict(vocab=65536, layers=2))  # the World vocabulary
+    proc = run_cli("-", "-m", str(checkpoint), "-n", "20", "--quantize", "int4", "--temperature", "0",
+                   stdin="Bees carry pollen from flower to flower. Crops depend on them. " * 10)
+    assert proc.returncode == 0, proc.stderr
+    assert f"model {checkpoint} on cpu" in proc.stderr and "int4 weights" in proc.stderr  # the model ran, in int4
 
 
 def test_documents_share_their_decode_batches(model_dir, monkeypatch):

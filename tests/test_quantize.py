@@ -23,7 +23,7 @@ import torch
 from summarize.engine import load_model
 from summarize.engine.ops.linear import INT4_GROUP, INT4_KERNEL_MAX_ROWS, INT4_LEVELS, INT8_MAX, Projection, dequantize_int4
 from summarize.errors import SummarizeError
-from tiny_models import RWKV_TINY, blinkdl_checkpoint, dense_reference, save_checkpoint
+from tiny_models import RWKV6_TINY, RWKV_TINY, blinkdl_checkpoint, dense_reference, rwkv6_checkpoint, save_checkpoint
 
 VOCAB = 384
 
@@ -192,9 +192,14 @@ def test_int4_runs_on_the_cpu_only(folder):
         load_model(folder, device="meta", quantize="int4")
 
 
+RWKV_CHECKPOINTS = {"rwkv7": (blinkdl_checkpoint, RWKV_TINY), "rwkv6": (rwkv6_checkpoint, RWKV6_TINY)}
+
+
+@pytest.mark.parametrize("family", RWKV_CHECKPOINTS)
 @pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_rwkv7_quantizes_through_the_same_projections(tmp_path, mode):
-    path = blinkdl_checkpoint(tmp_path / "tiny.pth", **RWKV_TINY)
+def test_rwkv_quantizes_through_the_same_projections(tmp_path, mode, family):
+    write, sizes = RWKV_CHECKPOINTS[family]
+    path = write(tmp_path / "tiny.pth", **sizes)
     full = load_model(path, device="cpu", dtype=torch.float32, compile=False)
     quantized = load_model(path, device="cpu", dtype=torch.float32, compile=False, quantize=mode)
     stored = set()
@@ -203,6 +208,7 @@ def test_rwkv7_quantizes_through_the_same_projections(tmp_path, mode):
             stored.add(mine.weight.dtype)
             theirs.weight = int4_dequantized(mine) if mine.scale_and_zero is not None else dequantized(mine)
     # int4 where the kernel takes the shape (the 160-wide FFN's down projection does not: int8)
+    assert full.family == quantized.family == family
     assert stored == ({torch.uint8, torch.int8} if mode == "int4" else {torch.int8})
     ids = torch.randint(0, RWKV_TINY["vocab"], (1, INT4_KERNEL_MAX_ROWS + 1), generator=torch.Generator().manual_seed(0))  # GEMM
     want = full(ids, full.new_state(1))

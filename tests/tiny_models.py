@@ -181,3 +181,83 @@ def hf_layout(checkpoint: Path, folder: Path) -> Path:
     save_file(tensors, str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps({"model_type": "rwkv7", "norm_eps": 1e-5}))
     return folder
+
+
+# -- RWKV-6 --------------------------------------------------------------------------------------
+
+# C = 64, two heads of 32, distinct LoRA ranks and FFN width: a size read from the wrong tensor shows
+RWKV6_TINY = dict(vocab=512, hidden=64, layers=3, head_size=32, ffn=160, ranks=dict(mix=8, decay=16))
+# another head size and other LoRA ranks
+RWKV6_TINY_SMALL_HEADS = RWKV6_TINY | dict(head_size=16, ranks=dict(mix=12, decay=24))
+# time_decay in [DECAY_LOW, DECAY_HIGH]: per-token decays w = exp(-exp(.)) from 0.998 down to
+# exp(-12) and below (the data-dependent LoRA moves them further)
+DECAY_LOW, DECAY_HIGH = -6.0, 2.6
+
+
+def rwkv6_checkpoint(path: Path, *, vocab: int, hidden: int, layers: int, head_size: int, ffn: int,
+                     ranks: dict[str, int], seed: int = 0, extra: dict | None = None) -> Path:
+    """A random-weight RWKV-6 with the tensor names and shapes of BlinkDL's x060 `.pth` files, in fp32
+    (the `rwkv` package folds ln0 into the embedding in the file's dtype: bf16 would differ by ~0.06)."""
+    gen = torch.Generator().manual_seed(seed)
+    C, H = hidden, hidden // head_size
+
+    def rand(*shape, scale=1.0):
+        return torch.randn(*shape, generator=gen) * scale
+
+    def vec():  # BlinkDL stores per-channel vectors as [1, 1, C]
+        return torch.rand(1, 1, C, generator=gen)
+
+    z = {
+        "emb.weight": rand(vocab, C),
+        "blocks.0.ln0.weight": 1 + rand(C, scale=0.2), "blocks.0.ln0.bias": rand(C, scale=0.1),
+        "ln_out.weight": 1 + rand(C, scale=0.2), "ln_out.bias": rand(C, scale=0.1),
+        "head.weight": rand(vocab, C, scale=C**-0.5),
+    }
+    for i in range(layers):
+        p, a, f = f"blocks.{i}.", f"blocks.{i}.att.", f"blocks.{i}.ffn."
+        for norm in ("ln1", "ln2"):
+            z[p + norm + ".weight"], z[p + norm + ".bias"] = 1 + rand(C, scale=0.2), rand(C, scale=0.1)
+        for name in ("x", "w", "k", "v", "r", "g"):
+            z[a + "time_maa_" + name] = vec()
+        z[a + "time_maa_w1"] = rand(C, 5 * ranks["mix"], scale=0.3)
+        z[a + "time_maa_w2"] = rand(5, ranks["mix"], C, scale=0.3)
+        z[a + "time_decay"] = DECAY_LOW + (DECAY_HIGH - DECAY_LOW) * torch.rand(1, 1, C, generator=gen)
+        z[a + "time_decay_w1"] = rand(C, ranks["decay"], scale=0.3)
+        z[a + "time_decay_w2"] = rand(ranks["decay"], C, scale=0.3)
+        z[a + "time_faaaa"] = rand(H, head_size, scale=0.5)
+        for name in ("receptance", "key", "value", "gate", "output"):
+            z[a + name + ".weight"] = rand(C, C, scale=C**-0.5)
+        z[a + "ln_x.weight"], z[a + "ln_x.bias"] = 1 + rand(C, scale=0.2), rand(C, scale=0.1)
+        z[f + "time_maa_k"], z[f + "time_maa_r"] = vec(), vec()
+        z[f + "key.weight"] = rand(ffn, C, scale=C**-0.5)
+        z[f + "receptance.weight"] = rand(C, C, scale=C**-0.5)
+        z[f + "value.weight"] = rand(C, ffn, scale=ffn**-0.5)
+    z |= extra or {}
+    torch.save(z, path)
+    return path
+
+
+def rwkv6_hf_layout(checkpoint: Path, folder: Path, **config) -> Path:
+    """The same weights as the Hugging Face RWKV-6 repositories lay them out (their modeling_rwkv6.py's
+    names, the `.pth` shapes), with their config.json."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for name, tensor in torch.load(checkpoint, weights_only=True).items():
+        if name == "emb.weight":
+            name = "rwkv.embeddings.weight"
+        elif name.startswith(("blocks.", "ln_out.")):
+            name = "rwkv." + name.replace(".ln0.", ".pre_ln.").replace(".att.", ".attention.").replace(".ffn.", ".feed_forward.")
+        tensors[name] = tensor.contiguous()
+    save_file(tensors, str(folder / "model.safetensors"))
+    hidden = tensors["rwkv.embeddings.weight"].shape[1]
+    heads, head_size = tensors["rwkv.blocks.0.attention.time_faaaa"].shape
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "rwkv6", "architectures": ["Rwkv6ForCausalLM"], "vocab_size": tensors["head.weight"].shape[0],
+        "hidden_size": hidden, "attention_hidden_size": heads * head_size, "head_size": head_size,
+        "head_size_divisor": 8, "intermediate_size": tensors["rwkv.blocks.0.feed_forward.key.weight"].shape[0],
+        "num_hidden_layers": sum(1 for n in tensors if n.endswith(".ln1.weight")), "layer_norm_epsilon": 1e-5,
+        "rescale_every": 6, "tie_word_embeddings": False,
+    } | config))
+    return folder

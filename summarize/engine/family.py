@@ -16,6 +16,8 @@ class Family:
     load_tokenizer(source: Path) -> (tokenizer, stop ids): `source` is the model's folder.
     model_types: the config.json `model_type`s the family reads.
     file_suffixes: single weight files it reads without a config.json (a BlinkDL `.pth`, say).
+    claims(checkpoint) -> bool: for a suffix that several families read, whether this file is this
+        family's, from its tensor names (None: every file with the suffix).
     quantize_modes: the `quantize` values `build` accepts besides None.
     """
 
@@ -24,5 +26,6 @@ class Family:
     load_tokenizer: Callable[[Path], tuple]
     model_types: tuple[str, ...] = ()
     file_suffixes: tuple[str, ...] = ()
+    claims: Callable[[object], bool] | None = None
     quantize_modes: tuple[str, ...] = ()
     label: str = ""  # how messages name it ("Qwen3.5")

@@ -71,9 +71,11 @@ class _Sampler:
     """Picks the next token of each row from logits [B, V]; all work stays on the device."""
 
     def __init__(self, params: SamplingParams, batch: int, vocab: int,
-                 device: torch.device) -> None:
+                 device: torch.device, banned: Collection[int] = ()) -> None:
         self.params = params
         self.greedy = params.temperature == 0.0
+        # ids never picked (an RWKV World model's end-of-text): their logits count as -inf
+        self.banned = torch.tensor(sorted(banned), dtype=torch.long, device=device) if banned else None
         self.generator = None
         if params.seed is not None and not self.greedy:
             self.generator = torch.Generator(device=device)
@@ -121,6 +123,8 @@ class _Sampler:
         return chosen, kept
 
     def _pick(self, logits: Tensor) -> Tensor:
+        if self.banned is not None:
+            logits = logits.index_fill(-1, self.banned, float("-inf"))
         if self.penalty is not None:
             logits = logits.float() - self.penalty
         if self.greedy:
@@ -236,6 +240,7 @@ def generate_batch(
     contexts: Sequence[Sequence[int]] | None = None,
     drafters: Sequence | None = None,
     draft_costs: DraftCosts | None = None,
+    banned_ids: Collection[int] = (),
 ) -> list[Generation]:
     """Generate for a batch of B sequences that share one batched `state`.
 
@@ -246,6 +251,7 @@ def generate_batch(
     receives each row's text as it completes. A row also stops as soon as its text contains one
     of `stop_texts` (e.g. a chat model opening the next round); its text is cut there. `overlap` (default: on CUDA) queues the next
     decode step before reading the sampled ids, which may cost one extra step at a stop.
+    `banned_ids` are never sampled (the tokenizer's `banned_ids`: an RWKV World model's end-of-text).
 
     `speculate` > 0 drafts up to that many tokens per step by prompt lookup in each row's
     `contexts[row]` (default: the prompt) and what it generated, and verifies them in one pass
@@ -270,7 +276,7 @@ def generate_batch(
             contexts = input_ids.tolist()
     batch, vocab = first_logits.shape
     rows = _Rows(batch, tokenizer, frozenset(stop_ids), max_new_tokens, on_text, stop_texts)
-    sample = _Sampler(sampling, batch, vocab, first_logits.device)
+    sample = _Sampler(sampling, batch, vocab, first_logits.device, banned_ids)
     token = sample(first_logits) if rows.running else None
     if speculate > 0 and rows.running:
         if drafters is None:
@@ -412,6 +418,7 @@ def generate(
     stop_texts: Collection[str] = (),
     speculate: int = 0,
     context: Sequence[int] | None = None,
+    banned_ids: Collection[int] = (),
 ) -> Generation:
     """Generate one sequence (batch 1); see `generate_batch`.
 
@@ -430,4 +437,4 @@ def generate(
     return generate_batch(model, prompts, state, tokenizer=tokenizer, stop_ids=stop_ids,
                           max_new_tokens=max_new_tokens, sampling=sampling, on_text=callback,
                           first_logits=first_logits, overlap=overlap, stop_texts=stop_texts,
-                          speculate=speculate, contexts=None if context is None else [context])[0]
+                          speculate=speculate, contexts=None if context is None else [context], banned_ids=banned_ids)[0]

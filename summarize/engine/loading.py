@@ -20,7 +20,14 @@ from summarize.engine.compiled import compile_steps, wanted
 from summarize.engine.family import Family
 from summarize.engine.memory import bound_kernel_caches, release_free_memory
 from summarize.engine.ops.linear import QUANTIZATIONS
-from summarize.engine.registry import FAMILIES, family_for_file, family_for_model_type, family_named, supported_model_types
+from summarize.engine.registry import (
+    FAMILIES,
+    families_for_file,
+    family_for_checkpoint,
+    family_for_model_type,
+    family_named,
+    supported_model_types,
+)
 from summarize.engine.safetensors_file import HEADER_LENGTH_BYTES, MAX_HEADER_BYTES, SAFETENSORS_DTYPES, bytes_of
 from summarize.errors import SummarizeError
 
@@ -220,7 +227,7 @@ def load_model(
     quantize: str | None = None,
 ):
     """Load a recurrent-state model from a local folder, a hub id or a family's weight file (an
-    RWKV-7 `.pth`); see docs/design.md §5.
+    RWKV-6 or RWKV-7 `.pth`); see docs/design.md §5.
 
     `compile`: run prefill and decode steps through torch.compile (`compiled`); None decides by the
     environment (SUMMARIZE_COMPILE) and the model's size. `quantize`: weight-only "int8" (one scale
@@ -237,12 +244,15 @@ def load_model(
         raise SummarizeError(f"--quantize int4 runs on the CPU (torch's int4 kernel); on {device.type} use int8")
     dtype = dtype or default_dtype(device)
     path = Path(source).expanduser()
-    file_family = family_for_file(path.suffix)
-    if file_family is not None:
+    file_families = families_for_file(path.suffix)
+    if file_families:
         if not path.is_file():
             raise ModelNotAvailable(f"{source}: no such checkpoint file")
-        _check_quantize(file_family, quantize, dtype)  # said before reading a multi-gigabyte file
-        model = file_family.build({}, TorchCheckpoint(path), device=device, dtype=dtype, quantize=quantize)
+        _check_quantize(file_families, quantize, dtype)  # said before opening a multi-gigabyte file
+        checkpoint = TorchCheckpoint(path)  # memory-mapped: its names are read, no tensor yet
+        family = family_for_checkpoint(file_families, checkpoint)
+        _check_quantize([family], quantize, dtype)
+        model = family.build({}, checkpoint, device=device, dtype=dtype, quantize=quantize)
         model.source = path.parent
         return model
     folder = resolve_source(source)
@@ -251,7 +261,7 @@ def load_model(
     family = family_for_model_type(model_type)
     if family is None:
         raise SummarizeError(f"{folder}: unsupported model_type {model_type!r} (supported: {', '.join(supported_model_types())})")
-    _check_quantize(family, quantize, dtype)
+    _check_quantize([family], quantize, dtype)
     model = family.build(config, Checkpoint(folder), device=device, dtype=dtype, quantize=quantize)
     model.source = folder
     release_free_memory()  # what loading (and quantizing) freed goes back to the OS
@@ -261,10 +271,12 @@ def load_model(
     return model
 
 
-def _check_quantize(family: Family, quantize: str | None, dtype: torch.dtype) -> None:
-    if quantize and quantize not in family.quantize_modes:
+def _check_quantize(families: list[Family], quantize: str | None, dtype: torch.dtype) -> None:
+    """Refuse `quantize` unless one of `families` (those the checkpoint may be) accepts it."""
+    if quantize and not any(quantize in family.quantize_modes for family in families):
         able = ", ".join(f.label for f in FAMILIES if quantize in f.quantize_modes)
-        raise SummarizeError(f"--quantize {quantize} is for {able} models; {family.label} runs in {str(dtype).removeprefix('torch.')}")
+        which = " or ".join(family.label for family in families)
+        raise SummarizeError(f"--quantize {quantize} is for {able} models; {which} runs in {str(dtype).removeprefix('torch.')}")
 
 
 def flush_denormals_to_zero() -> None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from summarize.engine import qwen3_5, rwkv7
+from summarize.engine import qwen3_5, rwkv6, rwkv7
 from summarize.engine.family import Family
 
-FAMILIES: tuple[Family, ...] = (qwen3_5.FAMILY, rwkv7.FAMILY)
+FAMILIES: tuple[Family, ...] = (qwen3_5.FAMILY, rwkv7.FAMILY, rwkv6.FAMILY)
 
 
 def family_named(name: str) -> Family:
@@ -16,8 +16,15 @@ def family_for_model_type(model_type: str | None) -> Family | None:
     return next((family for family in FAMILIES if model_type in family.model_types), None)
 
 
-def family_for_file(suffix: str) -> Family | None:
-    return next((family for family in FAMILIES if suffix in family.file_suffixes), None)
+def families_for_file(suffix: str) -> list[Family]:
+    """The families that read single weight files with this suffix (`.pth`: RWKV-6 and RWKV-7)."""
+    return [family for family in FAMILIES if suffix in family.file_suffixes]
+
+
+def family_for_checkpoint(families: list[Family], checkpoint) -> Family:
+    """The first of `families` that claims the file; if none does, the first, whose `build` then
+    says in one line what the file is instead."""
+    return next((family for family in families if family.claims is None or family.claims(checkpoint)), families[0])
 
 
 def supported_model_types() -> list[str]:

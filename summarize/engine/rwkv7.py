@@ -5,23 +5,20 @@ rate, the value residual and the output gate, then one call into the wkv7 op, a 
 norm and the bonus term) followed by a channel-mix (token shift, squared-ReLU MLP). The reference
 is BlinkDL's `RWKV_x070` (the `rwkv` package); checkpoints come in BlinkDL's layout or the Hugging Face one.
 
-Conventions fixed here, once, at load time:
-- Canonical tensor names are BlinkDL's (`blocks.N.att.w1`, ...). A Hugging Face checkpoint is read
-  through a name table (`hf_name`); its LoRA matrices are stored transposed and are turned back.
-- `blocks.0.ln0` is folded into the embedding (a LayerNorm of each row), so the model never runs it.
-- Time-mix receives ln1(x), channel-mix ln2(x); what they keep as "previous token" is that input.
+Conventions fixed here, once, at load time (with those of every RWKV family, `rwkv_common`: BlinkDL's
+names canonical, ln0 folded into the embedding, the state's layout):
+- A Hugging Face checkpoint is read through a name table (`hf_name`); its LoRA matrices are stored
+  transposed and are turned back.
 - Layer 0 has no value residual: its v0/v1/v2, present in BlinkDL's files, are dropped unread.
 - The decay bias w0 and all norm weights stay fp32; the wkv state is fp32 whatever the weight dtype.
 - Sizes (heads, head size, LoRA ranks, FFN width, layers, vocabulary) come from tensor shapes.
-
-State per layer: `RecurrentLayerState(matrix=[B, H, N, N] fp32 (key rows, value columns),
-shift=[B, 2, C])`, shift[:, 0] the time-mix's previous input, shift[:, 1] the channel-mix's.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
@@ -30,18 +27,26 @@ from torch import Tensor, nn
 
 from summarize.engine.diagnostics import RecurrenceStats
 from summarize.engine.family import Family
-from summarize.engine.model import RecurrentModel
-from summarize.engine.ops.linear import QUANTIZATIONS, Projection, quantized
+from summarize.engine.ops.linear import QUANTIZATIONS, Projection
 from summarize.engine.ops.rwkv7_wkv import RWKV7_WKV
-from summarize.engine.rwkv_tokenizer import load_rwkv_tokenizer
+from summarize.engine.rwkv_common import (
+    GROUP_NORM_EPS,
+    LAYER_NORM_EPS,
+    NamedTensors,
+    RWKVModel,
+    Take,
+    blinkdl_name,
+    blinkdl_version,
+    layer_norm,
+    require_version,
+    token_shift,
+)
+from summarize.engine.rwkv_tokenizer import G1_CHAT, load_rwkv_tokenizer
 from summarize.engine.state import RecurrentLayerState, State
 from summarize.errors import SummarizeError
 
 MODEL_TYPES = ("rwkv7", "rwkv7_fla")  # config.json model_type of the Hugging Face layout
-PREFILL_BLOCK_TOKENS = 2048  # prefill runs in blocks of at most this many tokens: bounded activations
 DECAY_SCALE = math.exp(-0.5)  # w = exp(-e^{-1/2} sigmoid(.)) lies in (0.545, 1)
-LAYER_NORM_EPS = 1e-5
-GROUP_NORM_EPS = 64e-5  # BlinkDL's ln_x: 1e-5 * head_size_divisor**2, divisor 8
 MIX_NAMES = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g")
 # Tensors of BlinkDL's files that the model never uses (layer 0 has no value residual)
 UNUSED = ("blocks.0.att.v0", "blocks.0.att.v1", "blocks.0.att.v2")
@@ -168,9 +173,6 @@ def hf_name(name: str) -> tuple[str, bool]:
     return f"model.layers.{layer}.{_HF_BLOCK[part]}.{rest}", transposed
 
 
-Take = Callable[..., Tensor]  # take(BlinkDL name, target=dtype) -> tensor, shape-checked, on the device
-
-
 @dataclass
 class ValueResidual:
     """What the layers of one span share: layer 0's value, which every later layer mixes in."""
@@ -181,20 +183,6 @@ class ValueResidual:
 # ---------------------------------------------------------------------------------------------
 # Layers
 # ---------------------------------------------------------------------------------------------
-
-
-def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
-    """LayerNorm computed in fp32 (weight and bias are fp32), returned in x's dtype."""
-    return F.layer_norm(x.float(), (x.shape[-1],), weight, bias, eps).to(x.dtype)
-
-
-def token_shift(x: Tensor, state: RecurrentLayerState, slot: int) -> Tensor:
-    """x [B, T, C] -> the previous token's x [B, T, C]; state.shift[:, slot] holds the one before
-    x[:, 0], and moves on to x[:, -1]."""
-    window = state.shift[:, slot : slot + 1]  # [B, 1, C]
-    prev = torch.cat((window, x[:, :-1]), dim=1)
-    state.slide(window, x)
-    return prev
 
 
 class TimeMix(nn.Module):
@@ -295,58 +283,22 @@ class Block(nn.Module):
 # ---------------------------------------------------------------------------------------------
 
 
-class RWKV7Model(RecurrentModel):
+class RWKV7Model(RWKVModel):
     """RWKV-7 with a recurrent `State` (the protocol: `model.RecurrentModel`)."""
 
     family = "rwkv7"
-    prefill_block_tokens = 2048
 
     def __init__(self, cfg: RWKV7Config, take: Take, embedding: Tensor, quantize: str | None = None) -> None:
-        super().__init__()
-        self.cfg = cfg
-        # quantized block by block: peak memory is the quantized model plus one block
-        self.embedding = quantized(Projection(embedding), quantize)  # ln0 already applied to every row
-        self.layers = nn.ModuleList(quantized(Block(cfg, take, i), quantize) for i in range(cfg.num_layers))
-        self.register_buffer("ln_out_weight", take("ln_out.weight", target=torch.float32))
-        self.register_buffer("ln_out_bias", take("ln_out.bias", target=torch.float32))
-        self.head = quantized(Projection(take("head.weight")), quantize)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.embedding.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.ln_out_weight.device
-
-    def new_state(self, batch_size: int = 1) -> State:
-        cfg, dev = self.cfg, self.device
-        H, N, C = cfg.num_heads, cfg.head_size, cfg.hidden_size
-        return State(
-            layers=[
-                RecurrentLayerState(
-                    matrix=torch.zeros(batch_size, H, N, N, dtype=torch.float32, device=dev),
-                    shift=torch.zeros(batch_size, 2, C, dtype=self.dtype, device=dev),
-                )
-                for _ in range(cfg.num_layers)
-            ]
-        )
-
-    def embed(self, input_ids: Tensor) -> Tensor:
-        return self.embedding.rows(input_ids)
+        blocks = (Block(cfg, take, i) for i in range(cfg.num_layers))
+        super().__init__(cfg, take, embedding, blocks, out_norm_eps=cfg.layer_norm_eps, quantize=quantize)
 
     def span_context(self, state: State, tokens: int) -> ValueResidual:
         return ValueResidual()
-
-    def logits(self, hidden: Tensor) -> Tensor:
-        return self.head(layer_norm(hidden, self.ln_out_weight, self.ln_out_bias, self.cfg.layer_norm_eps))
 
 
 # ---------------------------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------------------------
-
-EMBED_FOLD_ROWS = 8192  # ln0 is folded into the embedding this many rows at a time (bounded fp32 copy)
 
 
 def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype, quantize: str | None = None) -> RWKV7Model:
@@ -356,85 +308,36 @@ def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype,
     `folder` for messages; `config` is config.json ({} for a `.pth`). Every tensor's name and shape
     is checked, and a tensor the model does not know is an error (a variant we do not implement).
     """
-    def blinkdl_name(name: str) -> tuple[str, bool]:  # BlinkDL's names are the canonical ones
-        return name, False
-
     if "emb.weight" in checkpoint:
+        require_version(checkpoint, "x070")
         locate = blinkdl_name
     elif "model.embeddings.weight" in checkpoint:
         locate = hf_name
     else:
         raise SummarizeError(f"{checkpoint.folder}: no emb.weight nor model.embeddings.weight; not RWKV-7")
-
-    def raw(name: str) -> Tensor | None:
-        stored, transposed = locate(name)
-        if stored not in checkpoint:
-            return None
-        tensor = checkpoint.read(stored)
-        return tensor.t() if transposed else tensor
-
-    def shape(name: str) -> tuple[int, ...] | None:  # from the file's header: no tensor is read
-        stored, transposed = locate(name)
-        if stored not in checkpoint:
-            return None
-        dims = tuple(checkpoint.shape(stored))
-        return dims[::-1] if transposed else dims
-
-    if shape("blocks.0.att.r_k") is None:
+    tensors = NamedTensors(checkpoint, locate, device=device, dtype=dtype)
+    if tensors.shape("blocks.0.att.r_k") is None:
         raise SummarizeError(f"{checkpoint.folder}: no blocks.0.att.r_k; not an RWKV-7 (x070) checkpoint")
-    cfg = RWKV7Config.from_shapes(shape, config, where=str(checkpoint.folder))
-    shapes = checkpoint_shapes(cfg)
-    used: set[str] = set()
-
-    def take(name: str, *, target: torch.dtype | None = None, convert: bool = True) -> Tensor:
-        """The tensor, shape-checked, on the target device in `target` (default: the model's dtype);
-        with convert=False as stored (it may map the file: never write into it)."""
-        tensor, expected = raw(name), shapes[name]
-        if tensor is None:
-            raise SummarizeError(f"{checkpoint.folder}: checkpoint lacks tensor {locate(name)[0]}")
-        # BlinkDL stores vectors as [1, 1, C]: compare without the size-1 dims
-        if tuple(tensor.squeeze().shape) != tuple(d for d in expected if d != 1):
-            raise SummarizeError(
-                f"{checkpoint.folder}: tensor {locate(name)[0]} has shape {tuple(tensor.shape)}, expected {expected}"
-            )
-        used.add(locate(name)[0])
-        tensor = tensor.reshape(expected)
-        return tensor.to(device=device, dtype=target or dtype).contiguous() if convert else tensor
-
-    if shape("blocks.0.ln0.weight") is not None:  # the Hugging Face layout may have no pre_norm
-        embed = _fold_ln0(
-            take("emb.weight", convert=False),
-            weight=take("blocks.0.ln0.weight", target=torch.float32),
-            bias=take("blocks.0.ln0.bias", target=torch.float32),
-            dtype=dtype,
-            eps=cfg.layer_norm_eps,
-        )
-    else:
-        embed = take("emb.weight")
-    model = RWKV7Model(cfg, take, embedding=embed, quantize=quantize)
-    ignored = {locate(name)[0] for name in UNUSED}
-    unknown = sorted(set(checkpoint.names()) - used - ignored)
-    if unknown:  # e.g. DeepEmbed (ffn.s_emb) or DEA (att.qq): variants this engine does not implement
-        raise SummarizeError(f"{checkpoint.folder}: tensors plain RWKV-7 does not have: {', '.join(unknown[:5])}")
+    cfg = RWKV7Config.from_shapes(tensors.shape, config, where=str(checkpoint.folder))
+    tensors.expect(checkpoint_shapes(cfg))
+    model = RWKV7Model(cfg, tensors.take, embedding=tensors.embedding(cfg.layer_norm_eps), quantize=quantize)
+    # e.g. DeepEmbed (ffn.s_emb) or DEA (att.qq): variants this engine does not implement
+    tensors.refuse_unknown(UNUSED, "plain RWKV-7")
     return model
 
 
-def _fold_ln0(emb: Tensor, *, weight: Tensor, bias: Tensor, dtype: torch.dtype, eps: float) -> Tensor:
-    """The embedding [V, C] with blocks.0.ln0 applied to every row: computed in fp32 a block of rows
-    at a time, written to a new tensor on weight's device in `dtype` (`emb` itself is never written)."""
-    out = torch.empty(emb.shape, dtype=dtype, device=weight.device)
-    for start in range(0, emb.shape[0], EMBED_FOLD_ROWS):
-        rows = emb[start : start + EMBED_FOLD_ROWS].to(device=weight.device, dtype=torch.float32)
-        out[start : start + EMBED_FOLD_ROWS] = F.layer_norm(rows, (emb.shape[1],), weight, bias, eps).to(dtype)
-    return out
+def is_rwkv7_file(checkpoint) -> bool:
+    """Whether a BlinkDL file holds an RWKV-7 (x070), from its tensor names."""
+    return blinkdl_version(set(checkpoint.names())) == "x070"
 
 
 FAMILY = Family(
     name=RWKV7Model.family,
     model_types=MODEL_TYPES,
     file_suffixes=(".pth",),
+    claims=is_rwkv7_file,
     build=build,
-    load_tokenizer=load_rwkv_tokenizer,
+    load_tokenizer=partial(load_rwkv_tokenizer, formats=(G1_CHAT,)),
     quantize_modes=QUANTIZATIONS,
     label="RWKV-7",
 )

@@ -37,6 +37,7 @@ class Tokenizer:
     """
 
     stop_texts: tuple[str, ...] = ()  # a Qwen turn ends on a stop id (<|im_end|>), not on text
+    banned_ids: frozenset[int] = frozenset()  # every token may be sampled
 
     def __init__(self, raw: tokenizers.Tokenizer) -> None:
         added = raw.get_added_tokens_decoder()  # {id: AddedToken}
