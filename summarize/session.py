@@ -38,6 +38,8 @@ def load_session(settings: Settings, notify: Callable[[str], None]) -> ModelSess
     started = time.perf_counter()  # a first run on a CPU also compiles the steps: ~80 s
     model = load_model(settings.model, device=settings.device, dtype=dtype, quantize=settings.quantize)
     tokenizer, stop_ids = load_tokenizer(model)
+    for note in model.load_notes:
+        notify(note)
     notify(f"model {settings.model} on {model.device} ({_precision(model, settings)}), {_steps(model)}, "
            f"ready in {time.perf_counter() - started:.0f} s")
     return ModelSession(model, tokenizer, stop_ids, sampling_for(settings), settings.model, settings.speculate)

@@ -17,6 +17,9 @@ class Family:
     model_types: the config.json `model_type`s the family reads.
     file_suffixes: single weight files it reads without a config.json (a BlinkDL `.pth`, say).
     quantize_modes: the `quantize` values `build` accepts besides None.
+    gguf_archs: the GGUF `general.architecture`s it reads, through
+    read_gguf(file: GGUFFile, dtype) -> (config: dict, checkpoint): the file's settings as config.json
+        would give them, and its tensors under the names `build` reads (llama.cpp's transforms undone).
     """
 
     name: str
@@ -26,3 +29,5 @@ class Family:
     file_suffixes: tuple[str, ...] = ()
     quantize_modes: tuple[str, ...] = ()
     label: str = ""  # how messages name it ("Qwen3.5")
+    gguf_archs: tuple[str, ...] = ()
+    read_gguf: Callable | None = None

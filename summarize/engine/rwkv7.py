@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from summarize.engine import rwkv7_gguf
 from summarize.engine.diagnostics import RecurrenceStats
 from summarize.engine.family import Family
 from summarize.engine.model import RecurrentModel
@@ -435,4 +436,6 @@ FAMILY = Family(
     build=build,
     load_tokenizer=load_rwkv_tokenizer,
     label="RWKV-7",
+    gguf_archs=rwkv7_gguf.ARCHS,
+    read_gguf=rwkv7_gguf.read_gguf,
 )
