@@ -38,7 +38,7 @@ MAGIC = b"GGUF"
 VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
-READ_CHUNK_BYTES = 32 << 20  # a tensor is read and converted this many fp32 bytes at a time
+READ_CHUNK_BYTES = 4 << 20  # a tensor is read and converted this many fp32 bytes at a time: bounded temporaries
 SUFFIX = ".gguf"
 
 # Metadata value types: scalars by struct format, then string and array
