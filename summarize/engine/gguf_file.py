@@ -262,7 +262,8 @@ class _Header:
             raise SummarizeError(f"{self.path}: not a GGUF file (metadata {key} has unknown value type {value_type})")
         item_type, count = self.unpack("IQ")
         if count > self.size - self.pos:  # every item takes at least a byte
-            raise SummarizeError(f"{self.path}: truncated (metadata {key} claims {count:,} items)")
+            raise SummarizeError(f"{self.path}: truncated (its header runs past the file's {self.size:,} bytes: "
+                                 f"metadata {key} claims {count:,} items)")
         if item_type == _STRING:  # walked, not decoded: a vocabulary is decoded when a tokenizer is built
             start = pos = self.pos
             length_at, buffer, size = _layout("Q").unpack_from, self.buffer, self.size

@@ -36,11 +36,20 @@ def read_gguf(file: GGUFFile, dtype: torch.dtype) -> tuple[dict, GGUFCheckpoint]
     config = _config(file)
     table = _table(file, config)
     known = {tensor for source in table.values() for tensor in source.tensors}
+    missing = [tensor for tensor in known if tensor not in file.tensors]
+    if missing:
+        raise SummarizeError(f"{file.path}: no tensor {min(missing, key=_file_order)}")
     layers = config["num_hidden_layers"]
     unknown = sorted(name for name in file.tensors if name not in known and not _is_mtp(name, layers))
     if unknown:
         raise SummarizeError(f"{file.path}: tensors Qwen3.5 does not have: {', '.join(unknown[:5])}")
     return config, GGUFCheckpoint(file, table, dtype)
+
+
+def _file_order(name: str) -> tuple[int, str]:
+    """Sorts layer by layer (blk.2 before blk.10), so that a message names the earliest missing tensor."""
+    parts = name.split(".")
+    return (int(parts[1]), name) if parts[0] == "blk" and parts[1].isdigit() else (-1, name)
 
 
 def _is_mtp(name: str, layers: int) -> bool:
