@@ -363,6 +363,8 @@ def test_a_hub_repo_with_a_quantization_tag(dense, tmp_path, monkeypatch):
     for tag in ("Q8_0", "q8_0"):
         model = load_model(f"someone/Tiny-GGUF:{tag}", device="cpu", compile=False)
         assert Path(model.source).name == "Tiny-Q8_0.gguf"
+    pulled = CliRunner().invoke(cli.app, ["--pull", "-m", "someone/Tiny-GGUF:Q8_0"], env={"NO_COLOR": "1"})
+    assert pulled.exit_code == 0 and "Tiny-Q8_0.gguf" in pulled.stderr, pulled.stderr
     with pytest.raises(ModelNotAvailable, match="no Q4_K_M GGUF file.*Tiny-F32.gguf"):
         load_model("someone/Tiny-GGUF:Q4_K_M", device="cpu", compile=False)
     with pytest.raises(ModelNotAvailable, match="offline"):
