@@ -38,7 +38,7 @@ import llama_cpp
 from summarize import cli
 from summarize.engine import ModelNotAvailable, load_model, load_tokenizer
 from summarize.engine import gguf_file as gguf_file_module
-from summarize.engine.gguf_file import GGUFFile
+from summarize.engine.gguf_file import GGUFFile, StringList
 from summarize.engine.ops.linear import Projection
 from summarize.engine.rwkv_tokenizer import RwkvTokenizer
 from summarize.engine.tokenizer import Tokenizer
@@ -283,6 +283,48 @@ def test_rwkv7_tokenizer_is_the_world_tokenizer(rwkv):
     assert isinstance(tokenizer, RwkvTokenizer) and stop_ids == frozenset({0})
     for text in TEXTS:
         assert tokenizer.encode(text) == world.encode(text)
+
+
+# -- the file as gguf-py reads it -------------------------------------------------------------------
+
+
+def test_the_header_and_every_tensor_read_as_gguf_py_reads_them(rwkv):
+    """Metadata, tensor table and values against gguf-py's GGUFReader and dequantizers (a Q8_0 file,
+    F32 vectors among its Q8_0 matrices; RWKV-7's small vocabulary keeps GGUFReader quick)."""
+    path = rwkv[1].gguf("q8_0")
+    ours, theirs = GGUFFile(path), gguf.GGUFReader(path)
+    for key, field in theirs.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        value = field.contents()
+        assert (ours.strings(key) if isinstance(ours.metadata[key], StringList) else ours.metadata[key]) == value, key
+    assert len(ours.tensors) == len(theirs.tensors)
+    for tensor in theirs.tensors:
+        info = ours.tensors[tensor.name]
+        assert (info.shape, info.kind.name, info.offset) == (tuple(reversed(tensor.shape.tolist())), tensor.tensor_type.name,
+                                                              tensor.data_offset)
+        want = torch.tensor(np.ascontiguousarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32))
+        assert torch.equal(ours.read(tensor.name, dtype=torch.float32), want.reshape(info.shape)), tensor.name
+
+
+def test_a_q4_k_m_file_from_llama_quantize(tmp_path_factory):
+    """K-quants as llama.cpp's quantizer mixes them (Q4_K, Q6_K, Q5_0 and Q8_0 fallbacks beside F32):
+    each tensor decodes as gguf-py decodes it, the widened kinds are named, the model runs."""
+    wide = qwen(tmp_path_factory, "wide", dense_reference, hidden_size=256)
+    path = llama_cpp.quantize(wide.gguf("f32"), "Q4_K_M")
+    file = GGUFFile(path)
+    kinds = {info.kind.name for info in file.tensors.values()}
+    assert {"Q4_K", "Q6_K"} <= kinds
+    raw = np.memmap(path, dtype=np.uint8, mode="r")
+    for name, info in file.tensors.items():
+        if info.kind.float_dtype is None:
+            blocks = np.asarray(raw[info.offset : info.offset + info.nbytes]).reshape(-1, info.kind.nbytes)
+            want = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[info.kind.name]).reshape(info.shape)
+            assert torch.equal(file.read(name, dtype=torch.float32), torch.tensor(np.ascontiguousarray(want))), name
+    model = load_model(path, device="cpu", dtype=torch.float32, compile=False)
+    assert len(model.load_notes) == 1 and "Q4_K" in model.load_notes[0] and "Q6_K" in model.load_notes[0]
+    tokens = ids(1, 20, seed=7)
+    assert torch.isfinite(model.forward(tokens, model.new_state(1))).all()
 
 
 # -- the tokenizer -----------------------------------------------------------------------------------
