@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from summarize.engine.gguf_quants import GGML_TYPES, GGMLType, can_dequantize, dequantize
+from summarize.engine.memory import release_free_memory
 from summarize.engine.ops.linear import Int8Rows, quantize_rows
 from summarize.engine.safetensors_file import bytes_of
 from summarize.errors import SummarizeError
@@ -169,6 +170,10 @@ class GGUFFile:
                     out[start : start + n], scale[start : start + n] = quantize_rows(values, dtype)
                 else:
                     out[start : start + n] = values
+        if raw is not None and info.nbytes > READ_CHUNK_BYTES:
+            # the runs' freed temporaries, which glibc would keep in its heaps (fragmented by the
+            # tensors kept between them): without this, loading peaks ~8% above the weights it keeps
+            release_free_memory()
         if as_int8:
             return Int8Rows(out, scale)
         if kind.float_dtype is None:

@@ -125,9 +125,12 @@ def _table(file: GGUFFile, config: dict) -> dict[str, Source]:
     dk, dv = config["linear_key_head_dim"], config["linear_value_head_dim"]
     key_dim, value_dim = nk * dk, nv * dv
     conv_dim, kernel = 2 * key_dim + value_dim, config["linear_conv_kernel_dim"]
-    # file position of each Hugging Face value row (identity when every key head has one value head)
-    v_rows, v_heads = _grouped_order(nk, nv // nk, dv), _grouped_order(nk, nv // nk, 1)
-    qkv_rows = torch.cat([torch.arange(2 * key_dim), 2 * key_dim + v_rows])
+    # file position of each Hugging Face value row; None when every key head has one value head
+    # (then the converter reorders nothing)
+    reordered = nv != nk
+    v_rows = _grouped_order(nk, nv // nk, dv) if reordered else None
+    v_heads = _grouped_order(nk, nv // nk, 1) if reordered else None
+    qkv_rows = torch.cat([torch.arange(2 * key_dim), 2 * key_dim + v_rows]) if reordered else None
 
     def projection(tensor: str, shape: tuple[int, int], rows: Tensor | None = None, columns: Tensor | None = None) -> Source:
         def make(parts):
@@ -158,9 +161,9 @@ def _table(file: GGUFFile, config: dict) -> dict[str, Source]:
                 a + "in_proj_a.weight": projection(b + "ssm_alpha.weight", (nv, H), rows=v_heads),
                 a + "out_proj.weight": projection(b + "ssm_out.weight", (H, value_dim), columns=v_rows),
                 a + "conv1d.weight": Source((b + "ssm_conv1d.weight",), ((conv_dim, kernel),), (conv_dim, 1, kernel),
-                                            lambda parts: parts[0][qkv_rows][:, None, :]),
-                a + "dt_bias": vector(b + "ssm_dt.bias", (nv,), lambda parts: parts[0][v_heads]),
-                a + "A_log": vector(b + "ssm_a", (nv,), lambda parts: (-parts[0][v_heads]).log()),
+                                            lambda parts: _reordered(parts[0], qkv_rows)[:, None, :]),
+                a + "dt_bias": vector(b + "ssm_dt.bias", (nv,), lambda parts: _reordered(parts[0], v_heads)),
+                a + "A_log": vector(b + "ssm_a", (nv,), lambda parts: (-_reordered(parts[0], v_heads)).log()),
                 a + "norm.weight": vector(b + "ssm_norm.weight", (dv,)),
             }
         else:
@@ -222,6 +225,10 @@ def _mlp(file: GGUFFile, config: dict, b: str, m: str, projection) -> dict[str, 
         m + "shared_expert.down_proj.weight": projection(b + "ffn_down_shexp.weight", (H, S)),
         m + "shared_expert_gate.weight": Source((b + "ffn_gate_inp_shexp.weight",), ((1, H),), (1, H)),
     }
+
+
+def _reordered(tensor: Tensor, rows: Tensor | None) -> Tensor:
+    return tensor if rows is None else tensor[rows]
 
 
 def _grouped_order(k_heads: int, per_key: int, width: int) -> Tensor:
