@@ -704,8 +704,9 @@ def report(args, lengths: list[int], limits: dict, results: dict) -> None:
     if args.ours_gguf:
         print("GGUF files our engine read: " + ", ".join(f"{kind} {path}" for kind, path in args.ours_gguf.items()) + ".")
     if args.llama_bench:
+        files = {**args.gguf, **{GGUF + kind: path for kind, path in args.ours_gguf.items()}}
         print(f"llama.cpp: {llama_cpp_version(args.llama_bench)}; GGUF files: "
-              + ", ".join(f"{dtype} {path}" for dtype, path in args.gguf.items()) + ".")
+              + ", ".join(f"{dtype} {path}" for dtype, path in files.items()) + ".")
 
 
 def llama_cpp_version(binary: str) -> str:
