@@ -48,6 +48,9 @@ def converter() -> Path:
     return folder
 
 
+_unavailable: list[str] = []  # why the package could not be had: said once, not fetched again per test
+
+
 def _sdist() -> Path:
     named = os.environ.get("SUMMARIZE_LLAMA_CPP_SDIST")
     if named:
@@ -55,16 +58,17 @@ def _sdist() -> Path:
     cached = CACHE / SDIST
     if cached.is_file():
         return cached
-    CACHE.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", f"llama-cpp-python=={VERSION}",
-         "-d", str(CACHE)], capture_output=True, text=True, timeout=900,
-    )
-    if proc.returncode != 0 or not cached.is_file():
-        why = next(iter(proc.stderr.strip().splitlines()[-1:]), "no output")
-        pytest.skip(f"llama.cpp's converter is not available: pip download llama-cpp-python=={VERSION} failed ({why}); "
-                    "set SUMMARIZE_LLAMA_CPP_SDIST to the source package")
-    return cached
+    if not _unavailable:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", f"llama-cpp-python=={VERSION}",
+             "-d", str(CACHE)], capture_output=True, text=True, timeout=900,
+        )
+        if proc.returncode == 0 and cached.is_file():
+            return cached
+        _unavailable.append(next(iter(proc.stderr.strip().splitlines()[-1:]), "no output"))
+    pytest.skip(f"llama.cpp's converter is not available: pip download llama-cpp-python=={VERSION} failed ({_unavailable[0]}); "
+                "set SUMMARIZE_LLAMA_CPP_SDIST to the source package")
 
 
 def convert(checkpoint: Path, outtype: str, *extra: str) -> Path:

@@ -59,7 +59,8 @@ def _not_split(path: Path) -> Path:
 
 def pick_quantization(names: list[str], tag: str, repo: str) -> str:
     """The one model file among a repository's `names` whose name carries `tag` as a whole word."""
-    pattern = re.compile(rf"(?:^|[-_.]){re.escape(tag)}(?:[-_.]|$)", re.IGNORECASE)
+    # a whole tag: Q4_K is not Q4_K_M (tags hold underscores, so none may follow)
+    pattern = re.compile(rf"(?:^|[-_.]){re.escape(tag)}(?:[-.]|$)", re.IGNORECASE)
     models = [n for n in names if _is_model(n)]
     found = [n for n in models if pattern.search(Path(n).name[: -len(SUFFIX)])]
     if not found:
@@ -68,8 +69,11 @@ def pick_quantization(names: list[str], tag: str, repo: str) -> str:
         raise ModelNotAvailable(f"{repo}: no {tag} GGUF file{listing}")
     if len(found) > 1:
         whole = [n for n in found if not SPLIT_PART.search(Path(n).stem)]
-        if len(whole) != 1:
-            raise SummarizeError(f"{repo}: {len(found)} files match {tag} ({', '.join(found[:4])}); split models are not supported")
+        if not whole:
+            raise SummarizeError(f"{repo}: its {tag} model is split into {len(found)} files; split models are not supported")
+        if len(whole) > 1:
+            raise SummarizeError(f"{repo}: {len(whole)} files match {tag} ({', '.join(whole[:4])}); download the one you want "
+                                 "and give its path")
         found = whole
     return _not_split(Path(found[0])).as_posix()
 
