@@ -187,7 +187,7 @@ class GGUFFile:
             return None
         kinds = ", ".join(f"{kind} ({count} tensor{'s' * (count > 1)})" for kind, count in sorted(self.widened.items()))
         dtype = str(self.widened_to).removeprefix("torch.")
-        return f"{self.path.name}: {kinds} widened to {dtype}: the engine keeps only Q8_0 projections compact (as int8)"
+        return f"{self.path.name}: {kinds} widened to {dtype}: no kernel here keeps them compact"
 
     def _read_into(self, f, tensor: Tensor, name: str) -> None:
         view = bytes_of(tensor)
