@@ -6,6 +6,8 @@
     python bench/bench_engine.py --shape mobius --layers 1 --dtypes bfloat16   # RWKV-6 Mobius (12B), its first layer
     python bench/bench_engine.py --folder /tmp/q08 --dtypes bfloat16,int8 \
         --llama-bench ~/llama.cpp/build/bin/llama-bench --gguf bfloat16=/tmp/q08-bf16.gguf --gguf int8=/tmp/q08-q8_0.gguf
+    python bench/bench_engine.py --folder /tmp/q08 --dtypes bfloat16 --skip-transformers \
+        --ours-gguf Q8_0=/tmp/q08-Q8_0.gguf --ours-gguf Q4_K_M=/tmp/q08-Q4_K_M.gguf   # our engine on GGUF files
 
 Prints one markdown table: prefill tok/s at each length, decode tok/s after a 512-token prompt,
 batched decode (aggregate tok/s at B=1 and B=--batch), peak RSS against weight bytes and the cost
@@ -42,6 +44,11 @@ Method
 - RWKV-6 (`--shape mobius`, Mobius's 12B shape, written by random_checkpoint.build_rwkv6): our
   engine alone (transformers runs RWKV-6 only through a repository's own code); the
   notes give the state's bytes per sequence, the same for every length.
+- GGUF (--ours-gguf KIND=FILE): our engine loading that file, bf16 activations (Q8_0 projections
+  as int8 rows, other quantized kinds widened to bf16: docs/design.md §9); our rows only, beside
+  llama.cpp on the same file with --llama-bench. No diagnostics rows for them.
+- Loading: the peak RSS while `load_model` reads the weights (steps compiled only afterwards, as it
+  does), over the RSS before it, against the weight bytes it keeps; and its wall time.
 - Batched decode: the prompt's state stacked B times (`State.stack`, as batched summaries do).
 - Diagnostics: prefill of --diag-length tokens with the per-chunk stats switched off (patched),
   with listener None (the default: cheap stats and a NaN check) and with a no-op listener (full
@@ -90,6 +97,7 @@ MEMORY_BYTES = 512 * 2**20  # far beyond any L3 cache
 CEILING_REPEATS = 5  # ceilings take the best run: they are upper bounds
 DIAGNOSTICS_MIN_REPEATS = 5  # differences of a few percent: a few more runs than elsewhere
 CHECKPOINT_DTYPE = torch.bfloat16  # as the released checkpoints
+GGUF = "gguf-"  # a "dtype" of the run that is our engine on a GGUF file (--ours-gguf)
 DASH = "–"
 
 TINY_CONFIG = dict(
@@ -133,6 +141,13 @@ def peak_rss() -> int:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def current_rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return peak_rss()
 
 
 def timed(fn) -> float:
@@ -252,12 +267,18 @@ def compute_dtype(name: str) -> torch.dtype:
 
 def ours_worker(args, dtype: torch.dtype) -> dict:
     from summarize.engine import State, load_model
+    from summarize.engine.compiled import compile_steps, wanted
 
-    baseline = peak_rss()  # torch and the engine imported, nothing loaded
+    baseline = current_rss()  # torch and the engine imported, nothing loaded
     quantize = args.dtype if args.dtype in QUANTIZED else None
-    model = load_model(args.folder, device="cpu", dtype=dtype, quantize=quantize)
+    started = time.perf_counter()
+    model = load_model(args.folder, device="cpu", dtype=dtype, quantize=quantize, compile=False)
+    loaded = {"load_s": time.perf_counter() - started, "load_rss": peak_rss()}
+    costs = model_costs(model)
+    if wanted(model, model.device, costs["weight_bytes"]):  # as load_model would, after the weights
+        compile_steps(model)
     vocab = model.cfg.vocab_size
-    out: dict = {"costs": model_costs(model), "baseline_rss": baseline, "compiled": model.compiled is not None}
+    out: dict = {"costs": costs, "baseline_rss": baseline, "compiled": model.compiled is not None} | loaded
     if args.job == "prefill":
         model.prefill(random_ids(vocab, 1, min(WARMUP_TOKENS, args.length)), model.new_state(1))
         ids = random_ids(vocab, 1, args.length)
@@ -392,7 +413,8 @@ def side_by_side_worker(args, dtype: torch.dtype) -> dict:
 def worker_main(args) -> None:
     torch.set_flush_denormal(True)  # first: threads take the mode from the main thread as they start
     torch.set_num_threads(args.threads)
-    dtype = compute_dtype(args.dtype)
+    # quantized weights compute in the machine's dtype, as summarize would; GGUF files in bf16
+    dtype = torch.bfloat16 if args.dtype.startswith(GGUF) else compute_dtype(args.dtype)
     # Our engine as `summarize` runs it, under no_grad: a model loaded under inference_mode holds
     # inference tensors, with which compiled decode steps run ~25% slower (measured: 51 → 64 ms
     # per step, 0.8B shape). Transformers under inference_mode, its fastest.
@@ -543,18 +565,22 @@ def log(message: str) -> None:
 
 
 def measure(args, dtype: str, lengths: list[int]) -> dict:
-    alone = args.skip_transformers or dtype in QUANTIZED or args.shape in RWKV_SHAPES
+    gguf = args.ours_gguf.get(dtype.removeprefix(GGUF)) if dtype.startswith(GGUF) else None
+    source = {"folder": gguf} if gguf else {}  # our engine loads the GGUF file instead of the folder
+    alone = args.skip_transformers or dtype in QUANTIZED or gguf or args.shape in RWKV_SHAPES
     engines = ["ours"] + ([] if alone else ["transformers"])
-    m: dict = {"prefill": {}}
+    m: dict = {"prefill": {}, "diagnostics": None}
     for engine in engines:
         for length in lengths:
-            m["prefill"][engine, length] = run_worker(args, engine, "prefill", dtype, length=length)
-        m["decode", engine] = run_worker(args, engine, "decode", dtype)
-    m["diagnostics"] = run_worker(args, "ours", "diagnostics", dtype)
+            m["prefill"][engine, length] = run_worker(args, engine, "prefill", dtype, length=length, **source)
+        m["decode", engine] = run_worker(args, engine, "decode", dtype, **source)
+    if not gguf:
+        m["diagnostics"] = run_worker(args, "ours", "diagnostics", dtype)
     if "transformers" in engines:
         m["side_by_side"] = run_worker(args, "both", "side_by_side", dtype)
-    if args.llama_bench and dtype in args.gguf:
-        m["llama"] = measure_llama_cpp(args, args.gguf[dtype], lengths)
+    llama_file = args.gguf.get(dtype) or gguf
+    if args.llama_bench and llama_file:
+        m["llama"] = measure_llama_cpp(args, llama_file, lengths)
     return m
 
 
@@ -612,6 +638,8 @@ def rows_for(args, dtype: str, m: dict, limits: dict, costs: dict | None, length
     short = {"bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)
     if dtype in QUANTIZED:
         short += f" ({SHORT_DTYPES[compute_dtype(dtype)]} compute)"
+    if dtype.startswith(GGUF):
+        short = f"{dtype.removeprefix(GGUF)} GGUF (bf16 compute)"
     rows: list[list[str]] = []
 
     llama = m.get("llama", {})
@@ -656,6 +684,10 @@ def rows_for(args, dtype: str, m: dict, limits: dict, costs: dict | None, length
 
     def cell(rss: float | None) -> str:
         return DASH if rss is None else f"{rss / 1e9:.2f} GB ({ratio(rss, weights)})"
+    load = m["prefill"].get(("ours", lengths[0]))
+    if load and "load_rss" in load:
+        row("load: peak RSS over the RSS before (× our weight bytes); seconds",
+            f"{cell(load['load_rss'] - load['baseline_rss'])}; {load['load_s']:.1f} s")
     for length in lengths:
         ours, ref = (get(m["prefill"].get((e, length)), "peak_rss") for e in ("ours", "transformers"))
         theirs = get(llama.get(("prefill", length)), "peak_rss")
@@ -721,9 +753,12 @@ def report(args, lengths: list[int], limits: dict, results: dict) -> None:
                   f"ceilings' basis: {' / '.join(DASH if r is None else f'{r:.0f}' for r in rates)} GFLOP/s.")
     for note in notes:
         print(note)
+    if args.ours_gguf:
+        print("GGUF files our engine read: " + ", ".join(f"{kind} {path}" for kind, path in args.ours_gguf.items()) + ".")
     if args.llama_bench:
+        files = {**args.gguf, **{GGUF + kind: path for kind, path in args.ours_gguf.items()}}
         print(f"llama.cpp: {llama_cpp_version(args.llama_bench)}; GGUF files: "
-              + ", ".join(f"{dtype} {path}" for dtype, path in args.gguf.items()) + ".")
+              + ", ".join(f"{dtype} {path}" for dtype, path in files.items()) + ".")
 
 
 def llama_cpp_version(binary: str) -> str:
@@ -763,6 +798,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--llama-bench", help="a llama-bench binary: llama.cpp's figures beside ours (needs --gguf)")
     p.add_argument("--gguf", action="append", default=[], metavar="DTYPE=FILE",
                    help="the checkpoint converted to GGUF for one of --dtypes (BF16 for bfloat16, Q8_0 for int8, Q4_K_M for int4)")
+    p.add_argument("--ours-gguf", action="append", default=[], metavar="KIND=FILE",
+                   help="our engine on a GGUF file too (e.g. Q4_K_M=/tmp/q08-Q4_K_M.gguf): rows of their own")
     # internal: one measurement in a subprocess
     p.add_argument("--worker", choices=["ours", "transformers", "both"], help=argparse.SUPPRESS)
     p.add_argument("--job", choices=["prefill", "decode", "diagnostics", "side_by_side"], help=argparse.SUPPRESS)
@@ -770,12 +807,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--length", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     gguf = dict(item.split("=", 1) for item in args.gguf if "=" in item)
-    if len(gguf) != len(args.gguf) or (args.llama_bench and not gguf) or (gguf and not args.llama_bench):
+    ours_gguf = dict(item.split("=", 1) for item in args.ours_gguf if "=" in item)
+    if len(ours_gguf) != len(args.ours_gguf):
+        p.error("--ours-gguf takes KIND=FILE")
+    if len(gguf) != len(args.gguf) or (args.llama_bench and not (gguf or ours_gguf)) or (gguf and not args.llama_bench):
         p.error("--llama-bench and --gguf DTYPE=FILE go together")
-    args.gguf = gguf
-    if args.shape in RWKV_SHAPES and not args.tiny and not args.worker and "int8" in args.dtypes.split(","):
-        log("RWKV-6 runs in bf16 or fp32 (no int8): int8 left out")
-        args.dtypes = ",".join(d for d in args.dtypes.split(",") if d != "int8") or "bfloat16"
+    args.gguf, args.ours_gguf = gguf, ours_gguf
+    if args.shape in RWKV_SHAPES and not args.tiny and not args.worker and set(QUANTIZED) & set(args.dtypes.split(",")):
+        log("the Mobius shape is measured in bf16 or fp32 here (its quantized rows are not): int8 and int4 left out")
+        args.dtypes = ",".join(d for d in args.dtypes.split(",") if d not in QUANTIZED) or "bfloat16"
     for key, value in (TINY_DEFAULTS if args.tiny else FULL_DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -788,7 +828,7 @@ def main() -> None:
         return worker_main(args)
     torch.set_num_threads(args.threads)
     lengths = [int(n) for n in args.lengths.split(",")]
-    dtypes = args.dtypes.split(",")
+    dtypes = [d for d in args.dtypes.split(",") if d] + [GGUF + kind for kind in args.ours_gguf]
     start = time.perf_counter()
     scratch = Path(tempfile.mkdtemp(prefix="bench-engine-"))
     try:

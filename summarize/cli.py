@@ -122,7 +122,8 @@ def summarize(
         "-n", "--words", min=1, help="Target length in words (a CJK character counts as one).")
     ] = DEFAULT_WORDS,
     model: Annotated[str, typer.Option(
-        "-m", "--model", envvar="SUMMARIZE_MODEL", help="Model: a hub id or a local folder.")
+        "-m", "--model", envvar="SUMMARIZE_MODEL",
+        help="Model: a hub id, a local folder, a .gguf file, or owner/name:QUANT (a GGUF file on the hub).")
     ] = DEFAULT_MODEL,
     output: Annotated[str | None, typer.Option(
         "-o", "--output", metavar="PATH", show_default=False,
@@ -254,17 +255,23 @@ def _check_device(text: str) -> None:
 
 
 def _pull(model: str, *, quiet: bool) -> int:
-    """Fetch a hub model with huggingface_hub's progress bars on stderr; a folder is just checked."""
+    """Fetch a hub model with huggingface_hub's progress bars on stderr; a folder or file is just checked."""
+    from summarize.engine.gguf_file import GGUFFile
+    from summarize.engine.gguf_source import gguf_file_for
     from summarize.engine.loading import read_config, resolve_source
 
     ui = QuietUI() if quiet else RichUI()
     try:
-        folder = resolve_source(model)
-        read_config(folder)
+        where = gguf_file_for(model)  # a GGUF file, downloaded if on the hub
+        if where is not None:
+            GGUFFile(where)
+        else:
+            where = resolve_source(model)
+            read_config(where)
     except SummarizeError as exc:
         ui.error(str(exc))
         return EXIT_FAILED
-    ui.note(f"model {model} is ready in {folder}")
+    ui.note(f"model {model} is ready in {where}")
     return EXIT_OK
 
 

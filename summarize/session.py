@@ -39,6 +39,8 @@ def load_session(settings: Settings, notify: Callable[[str], None]) -> ModelSess
     notify(f"loading {settings.model} (on a CPU the first run also compiles the model's steps: a minute or two)")
     model = load_model(settings.model, device=settings.device, dtype=dtype, quantize=settings.quantize)
     tokenizer, stop_ids = load_tokenizer(model)
+    for note in model.load_notes:
+        notify(note)
     notify(f"model {settings.model} on {model.device} ({_precision(model, settings)}), {_steps(model)}, "
            f"ready in {time.perf_counter() - started:.0f} s")
     return ModelSession(model, tokenizer, stop_ids, sampling_for(settings), settings.model, settings.speculate)

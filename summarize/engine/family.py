@@ -19,6 +19,9 @@ class Family:
     claims(checkpoint) -> bool: for a suffix that several families read, whether this file is this
         family's, from its tensor names (None: every file with the suffix).
     quantize_modes: the `quantize` values `build` accepts besides None.
+    gguf_archs: the GGUF `general.architecture`s it reads, through
+    read_gguf(file: GGUFFile, dtype) -> (config: dict, checkpoint): the file's settings as config.json
+        would give them, and its tensors under the names `build` reads (llama.cpp's transforms undone).
     """
 
     name: str
@@ -29,3 +32,5 @@ class Family:
     claims: Callable[[object], bool] | None = None
     quantize_modes: tuple[str, ...] = ()
     label: str = ""  # how messages name it ("Qwen3.5")
+    gguf_archs: tuple[str, ...] = ()
+    read_gguf: Callable | None = None

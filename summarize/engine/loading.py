@@ -1,10 +1,11 @@
-"""Find a checkpoint (local folder, hub id or a family's single weight file), read its config, and
-build the model of the family that reads it, lazily.
+"""Find a checkpoint (local folder, hub id, a family's single weight file or a GGUF file), read its
+config, and build the model of the family that reads it, lazily.
 
 Tensors are read one at a time from the safetensors files and converted straight to the target
 device and dtype, so peak memory is about one copy of the weights. Tensors the model
 does not use (a vision tower, an MTP head) are never read. A `.pth` file is opened
-memory-mapped with `weights_only=True`, which never runs code from the file.
+memory-mapped with `weights_only=True`, which never runs code from the file. A GGUF file brings
+its config and tokenizer in its metadata (`gguf_file`, `gguf_source`, the families' GGUF modules).
 """
 
 from __future__ import annotations
@@ -18,26 +19,28 @@ import torch
 
 from summarize.engine.compiled import compile_steps, wanted
 from summarize.engine.family import Family
+from summarize.engine.gguf_file import SUFFIX as GGUF_SUFFIX
+from summarize.engine.gguf_file import GGUFFile
+from summarize.engine.gguf_source import gguf_file_for
+from summarize.engine.gguf_tokenizer import load_gguf_tokenizer
 from summarize.engine.memory import bound_kernel_caches, release_free_memory
 from summarize.engine.ops.linear import QUANTIZATIONS
 from summarize.engine.registry import (
     FAMILIES,
     families_for_file,
     family_for_checkpoint,
+    family_for_gguf_arch,
     family_for_model_type,
     family_named,
+    supported_gguf_archs,
     supported_model_types,
 )
 from summarize.engine.safetensors_file import HEADER_LENGTH_BYTES, MAX_HEADER_BYTES, SAFETENSORS_DTYPES, bytes_of
-from summarize.errors import SummarizeError
+from summarize.errors import ModelNotAvailable, SummarizeError
 
 QUANTIZE_MODES = (None, *QUANTIZATIONS)
 
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.pth"]
-
-
-class ModelNotAvailable(SummarizeError):
-    """The model could not be found locally nor downloaded."""
 
 
 def default_device() -> torch.device:
@@ -58,7 +61,8 @@ def resolve_source(source: str | os.PathLike) -> Path:
     path = Path(source).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise ModelNotAvailable(f"{source}: a model is a folder with config.json and *.safetensors")
+            raise ModelNotAvailable(f"{source}: a model is a folder with config.json and *.safetensors, a .gguf file "
+                                    "or an RWKV-7 .pth")
         return path
     source = str(source)
     if source.count("/") != 1 or source.startswith((".", "/")):
@@ -255,19 +259,41 @@ def load_model(
         model = family.build({}, checkpoint, device=device, dtype=dtype, quantize=quantize)
         model.source = path.parent
         return model
-    folder = resolve_source(source)
-    config = read_config(folder)
-    model_type = config.get("model_type") or (config.get("text_config") or {}).get("model_type")
-    family = family_for_model_type(model_type)
-    if family is None:
-        raise SummarizeError(f"{folder}: unsupported model_type {model_type!r} (supported: {', '.join(supported_model_types())})")
-    _check_quantize([family], quantize, dtype)
-    model = family.build(config, Checkpoint(folder), device=device, dtype=dtype, quantize=quantize)
-    model.source = folder
+    gguf = gguf_file_for(source)
+    if gguf is not None:
+        model = _load_gguf(gguf, device, dtype, quantize)
+    else:
+        folder = resolve_source(source)
+        config = read_config(folder)
+        model_type = config.get("model_type") or (config.get("text_config") or {}).get("model_type")
+        family = family_for_model_type(model_type)
+        if family is None:
+            raise SummarizeError(f"{folder}: unsupported model_type {model_type!r} (supported: {', '.join(supported_model_types())})")
+        _check_quantize([family], quantize, dtype)
+        model = family.build(config, Checkpoint(folder), device=device, dtype=dtype, quantize=quantize)
+        model.source = folder
     release_free_memory()  # what loading (and quantizing) freed goes back to the OS
     weight_bytes = sum(b.nbytes for b in model.buffers())
     if compile if compile is not None else wanted(model, device, weight_bytes):
         compile_steps(model)
+    return model
+
+
+def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype, quantize: str | None):
+    """A model from a GGUF file: config, weights (and, later, the tokenizer) all from the file.
+
+    Its Q8_0 projections stay int8 where the family keeps int8 weights; what had to be widened to
+    `dtype` is said in `model.load_notes`."""
+    file = GGUFFile(path)
+    family = family_for_gguf_arch(file.architecture)
+    if family is None:
+        raise SummarizeError(f"{path}: architecture {file.architecture!r} is not supported "
+                             f"(supported: {', '.join(supported_gguf_archs())})")
+    _check_quantize([family], quantize, dtype)
+    config, checkpoint = family.read_gguf(file, dtype)
+    model = family.build(config, checkpoint, device=device, dtype=dtype, quantize=quantize)
+    model.source = path
+    model.load_notes = [note for note in [file.widening_note()] if note]
     return model
 
 
@@ -292,4 +318,7 @@ def flush_denormals_to_zero() -> None:
 
 def load_tokenizer(model):
     """The tokenizer that goes with a loaded model, and the token ids that end its answers."""
-    return family_named(model.family).load_tokenizer(Path(model.source))
+    source = Path(model.source)
+    if source.suffix.lower() == GGUF_SUFFIX:  # the file carries its own
+        return load_gguf_tokenizer(GGUFFile(source))
+    return family_named(model.family).load_tokenizer(source)

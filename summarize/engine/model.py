@@ -58,6 +58,7 @@ class RecurrentModel(nn.Module):
         self.listener: Listener | None = None
         self.steps = Steps()
         self.compiled = None  # the compiled steps, once `compiled.compile_steps` has set them
+        self.load_notes: list[str] = []  # what loading wants said (a GGUF file's widened kinds)
 
     # -- what a family supplies ----------------------------------------------------------------
 

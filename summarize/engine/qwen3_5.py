@@ -17,13 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from summarize.engine import qwen3_5_gguf
 from summarize.engine.diagnostics import RecurrenceStats
 from summarize.engine.family import Family
 from summarize.engine.model import RecurrentModel
 from summarize.engine.ops.attention import apply_rotary, attend, attend_at_slot
 from summarize.engine.ops.causal_conv import causal_conv_silu
 from summarize.engine.ops.gated_delta_rule import GATED_DELTA_RULE
-from summarize.engine.ops.linear import QUANTIZATIONS, Projection, quantized
+from summarize.engine.ops.linear import QUANTIZATIONS, Int8Rows, Projection, quantized
 from summarize.engine.state import KVCache, LayerState, RecurrentLayerState, State
 from summarize.engine.tokenizer import load_hub_tokenizer
 from summarize.errors import SummarizeError
@@ -212,7 +213,8 @@ def checkpoint_shapes(cfg: Qwen35Config, *, fused_experts: bool = True) -> dict[
     return shapes
 
 
-Take = Callable[[str], Tensor]  # name -> tensor on the target device, in the target dtype
+# name -> tensor on the target device, in the target dtype (a projection may come as int8 rows: a GGUF file's Q8_0)
+Take = Callable[[str], Tensor | Int8Rows]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,8 +241,8 @@ class GatedDeltaNet(nn.Module):
         self.k_dim, self.v_dim = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         self.key_dim = self.num_k_heads * self.k_dim
         # Two matrices, qkv | z and b | a: torch's CPU GEMM is slower when N is not a multiple of 1,024
-        self.in_proj = Projection(torch.cat([take(prefix + f"in_proj_{n}.weight") for n in ("qkv", "z")]))
-        self.beta_decay_proj = Projection(torch.cat([take(prefix + f"in_proj_{n}.weight") for n in ("b", "a")]))
+        self.in_proj = Projection.concat([take(prefix + f"in_proj_{n}.weight") for n in ("qkv", "z")])
+        self.beta_decay_proj = Projection.concat([take(prefix + f"in_proj_{n}.weight") for n in ("b", "a")])
         # [kernel, C]: tap j of every channel contiguous, so the shifted products vectorize
         self.register_buffer("conv_taps", take(prefix + "conv1d.weight")[:, 0, :].t().contiguous())
         self.register_buffer("dt_bias", take(prefix + "dt_bias").float())
@@ -298,7 +300,7 @@ class GatedAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         qkv = [take(prefix + f"{n}_proj.weight") for n in ("q", "k", "v")]
         self.split = tuple(w.shape[0] for w in qkv)
-        self.qkv_proj = Projection(torch.cat(qkv))
+        self.qkv_proj = Projection.concat(qkv)
         self.o_proj = Projection(take(prefix + "o_proj.weight"))
         self.register_buffer("q_norm", 1.0 + take(prefix + "q_norm.weight").float())
         self.register_buffer("k_norm", 1.0 + take(prefix + "k_norm.weight").float())
@@ -327,7 +329,7 @@ class MLP(nn.Module):
 
     def __init__(self, take: Take, prefix: str) -> None:
         super().__init__()
-        self.gate_up = Projection(torch.cat([take(prefix + "gate_proj.weight"), take(prefix + "up_proj.weight")]))
+        self.gate_up = Projection.concat([take(prefix + "gate_proj.weight"), take(prefix + "up_proj.weight")])
         self.down = Projection(take(prefix + "down_proj.weight"))
 
     def forward(self, x: Tensor) -> Tensor:
@@ -529,14 +531,14 @@ FP32_TENSORS = ("A_log", "dt_bias")  # decay parameters stay fp32 whatever the w
 
 def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype, quantize: str | None = None) -> Qwen35Model:
     """Build the model from a `Checkpoint`, checking every tensor's name and shape on the way."""
-    cfg = Qwen35Config.from_dict(config, where=str(checkpoint.folder / "config.json"))
+    cfg = Qwen35Config.from_dict(config, where=getattr(checkpoint, "config_where", None) or str(checkpoint.folder / "config.json"))
     prefix = next((p for p in TEXT_PREFIXES if p + "embed_tokens.weight" in checkpoint), None)
     if prefix is None:
         raise SummarizeError(f"{checkpoint.folder}: no embed_tokens.weight; not a Qwen3.5 checkpoint")
     fused = not cfg.num_experts or prefix + "layers.0.mlp.experts.gate_up_proj" in checkpoint
     shapes = checkpoint_shapes(cfg, fused_experts=fused)
 
-    def take(name: str) -> Tensor:
+    def take(name: str) -> Tensor | Int8Rows:
         full = name if name == "lm_head.weight" else prefix + name
         tensor = checkpoint.read(full)
         if tuple(tensor.shape) != shapes[name]:
@@ -556,4 +558,6 @@ FAMILY = Family(
     load_tokenizer=load_hub_tokenizer,
     quantize_modes=QUANTIZATIONS,
     label="Qwen3.5",
+    gguf_archs=qwen3_5_gguf.ARCHS,
+    read_gguf=qwen3_5_gguf.read_gguf,
 )

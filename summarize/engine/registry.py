@@ -27,5 +27,13 @@ def family_for_checkpoint(families: list[Family], checkpoint) -> Family:
     return next((family for family in families if family.claims is None or family.claims(checkpoint)), families[0])
 
 
+def family_for_gguf_arch(arch: str) -> Family | None:
+    return next((family for family in FAMILIES if arch in family.gguf_archs), None)
+
+
+def supported_gguf_archs() -> list[str]:
+    return [arch for family in FAMILIES for arch in family.gguf_archs]
+
+
 def supported_model_types() -> list[str]:
     return [model_type for family in FAMILIES for model_type in family.model_types]

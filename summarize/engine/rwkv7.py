@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from summarize.engine import rwkv7_gguf
 from summarize.engine.diagnostics import RecurrenceStats
 from summarize.engine.family import Family
 from summarize.engine.ops.linear import QUANTIZATIONS, Projection
@@ -340,4 +341,6 @@ FAMILY = Family(
     load_tokenizer=partial(load_rwkv_tokenizer, formats=(G1_CHAT,)),
     quantize_modes=QUANTIZATIONS,
     label="RWKV-7",
+    gguf_archs=rwkv7_gguf.ARCHS,
+    read_gguf=rwkv7_gguf.read_gguf,
 )

@@ -10,9 +10,14 @@ or as int4 with a scale and a zero per group of input channels (weight-only quan
 activations stay in the model's dtype). int4 runs on torch's CPU int4 kernel for a few rows, which
 reads half a byte per weight; with many rows it dequantizes and calls the GEMM, which is faster
 there (figures: bench/README.md).
+`Int8Rows` is the int8 form on its own, as a weight file that is already quantized (GGUF's Q8_0)
+hands it over.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -107,16 +112,54 @@ def _streamed(x: Tensor, weight: Tensor, scale: Tensor | None) -> Tensor:
     return out.t().reshape(*x.shape[:-1], weight.shape[0]).to(x.dtype)
 
 
+def quantize_rows(rows: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """fp32 rows [n, K] → int8 [n, K] and one scale per row [n] in `dtype`, symmetric: the scale
+    is rounded to `dtype` first and then used exactly. `rows` is overwritten."""
+    absmax = rows.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
+    scale = (absmax / INT8_MAX).to(dtype)
+    rows.div_(scale.float()[:, None]).round_().clamp_(-INT8_MAX, INT8_MAX)
+    return rows.to(torch.int8), scale
+
+
+@dataclass(frozen=True)
+class Int8Rows:
+    """A weight [N, K] as int8 `values` times one `scale` per row [N]: what a quantized Projection keeps."""
+
+    values: Tensor  # int8 [N, K]
+    scale: Tensor  # [N], in the model's dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.values.shape
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Int8Rows:
+        """On `device`, the scale in `dtype` (the values stay int8)."""
+        return Int8Rows(self.values.to(device=device), self.scale.to(device=device, dtype=dtype))
+
+    def dequantized(self, dtype: torch.dtype) -> Tensor:
+        return (self.values.float() * self.scale.float()[:, None]).to(dtype)
+
+
 class Projection(nn.Module):
     """A weight [N, K] applied as x @ Wᵀ (and, for an embedding table, looked up by row)."""
 
-    def __init__(self, weight: Tensor) -> None:
+    def __init__(self, weight: Tensor | Int8Rows) -> None:
         super().__init__()
-        self.register_buffer("weight", weight)  # [N, K]; int8 [N, K]; int4 packed [N, K/2] uint8
-        self.register_buffer("scale", None)  # int8: [N] in the model's dtype
+        is_int8 = isinstance(weight, Int8Rows)
+        self.register_buffer("weight", weight.values if is_int8 else weight)  # [N, K]; int8 [N, K]; int4 packed [N, K/2] uint8
+        self.register_buffer("scale", weight.scale if is_int8 else None)  # int8: [N] in the model's dtype
         self.register_buffer("scale_and_zero", None)  # int4: [K/group, N, 2] bf16
         self.group = 0  # int4: input channels per scale and zero
-        self.dtype = weight.dtype  # what it computes in
+        self.dtype = weight.scale.dtype if is_int8 else weight.dtype  # what it computes in
+
+    @classmethod
+    def concat(cls, parts: Sequence[Tensor | Int8Rows]) -> Projection:
+        """One projection of `parts` stacked by rows: int8 if every part is, else all in the model's
+        dtype (an int8 part is widened: a mix cannot share one kernel)."""
+        if all(isinstance(part, Int8Rows) for part in parts):
+            return cls(Int8Rows(torch.cat([p.values for p in parts]), torch.cat([p.scale for p in parts])))
+        dtype = next(part.dtype for part in parts if isinstance(part, Tensor))
+        return cls(torch.cat([p.dequantized(dtype) if isinstance(p, Int8Rows) else p for p in parts]))
 
     def forward(self, x: Tensor) -> Tensor:
         if self.scale_and_zero is not None:
@@ -152,12 +195,8 @@ class Projection(nn.Module):
         quantized = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
         scale = torch.empty(weight.shape[0], dtype=dtype, device=weight.device)
         for start in range(0, weight.shape[0], QUANTIZE_BLOCK_ROWS):
-            block = weight[start : start + QUANTIZE_BLOCK_ROWS].float()
-            absmax = block.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
-            block_scale = (absmax / INT8_MAX).to(dtype)  # rounded to the model's dtype first ...
-            block.div_(block_scale.float()[:, None]).round_().clamp_(-INT8_MAX, INT8_MAX)  # ... then used exactly
-            quantized[start : start + QUANTIZE_BLOCK_ROWS] = block
-            scale[start : start + QUANTIZE_BLOCK_ROWS] = block_scale
+            block = weight[start : start + QUANTIZE_BLOCK_ROWS].float()  # fp32 weights: overwritten, then dropped
+            quantized[start : start + QUANTIZE_BLOCK_ROWS], scale[start : start + QUANTIZE_BLOCK_ROWS] = quantize_rows(block, dtype)
         self.weight, self.scale = quantized, scale
 
     def quantize_int4(self, group: int = INT4_GROUP) -> bool:
