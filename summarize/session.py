@@ -36,7 +36,6 @@ def load_session(settings: Settings, notify: Callable[[str], None]) -> ModelSess
     """Load the model named in `settings` with its tokenizer and stop ids (raises ModelNotAvailable)."""
     dtype = getattr(torch, settings.dtype) if settings.dtype else None
     started = time.perf_counter()  # a first run on a CPU also compiles the steps: ~80 s
-    notify(f"loading {settings.model} (on a CPU the first run also compiles the model's steps: a minute or two)")
     model = load_model(settings.model, device=settings.device, dtype=dtype, quantize=settings.quantize)
     tokenizer, stop_ids = load_tokenizer(model)
     for note in model.load_notes:
