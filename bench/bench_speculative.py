@@ -27,8 +27,12 @@ Method
   learns stays from run to run, as in a session, after one untimed run to learn it. Each run
   generates --tokens greedy tokens from the same prompt; random weights never emit a stop token,
   so every run is exactly --tokens long. Plain and speculative runs alternate, --runs pairs per
-  share; the figure is the median of the paired ratios of tokens/s. The outputs are checked
-  equal to the plain run's.
+  share; the figure is the median of the paired ratios of tokens/s. The table says how many
+  tokens the speculative output shares with the plain one before they first differ: all of them
+  in fp32; in bf16 a verify pass sums a span in another order than the compiled one-token step,
+  the logits round differently, and random weights' flat logits then let greedy decoding take
+  another token sooner or later. From there the oracle's drafts (the plain continuation) are
+  wrong, so the share kept falls below the nominal one: the "kept" column gives the real share.
 - (iv) llama.cpp's n-gram speculation is not run here: it needs llama.cpp built beside us
   (bench/README.md has the recipe) and a text it can copy from; its cell shows –.
 """
@@ -124,6 +128,11 @@ class Oracle:
         return (right + wrong)[: min(self.k, length)]
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many tokens two outputs share before they first differ."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 class FreeVerify(DraftCosts):
     """Tells the planner that verifying more drafts saves time (a negative cost per draft), so it
     verifies all k every step whatever it has learnt of the share kept: the mechanism's own speed."""
@@ -150,19 +159,20 @@ def throughput(model, tokenizer, prompt: torch.Tensor, tokens: int, runs: int) -
         for mode, costs in (("forced", FreeVerify()), ("planned", DraftCosts())):
             # as in a session, what the planner learnt stays: one run first, untimed, to learn it
             run([Oracle(reference.token_ids, share, vocab)], costs)
-            ratios, kept, drafted, rates = [], [], [], []
+            ratios, kept, drafted, rates, same = [], [], [], [], []
             for _ in range(runs):
                 plain, plain_rate = run()
                 spec, spec_rate = run([Oracle(reference.token_ids, share, vocab)], costs)
-                if spec.token_ids != plain.token_ids or plain.token_ids != reference.token_ids:
-                    raise SystemExit(f"speculative output differs from plain output at share {share}")
+                if plain.token_ids != reference.token_ids:
+                    raise SystemExit("plain decoding is not repeatable: no reference to draft from")
+                same.append(common_prefix(spec.token_ids, plain.token_ids))
                 ratios.append(spec_rate / plain_rate)
                 kept.append(spec.accepted_tokens)
                 drafted.append(spec.draft_tokens)
                 rates.append((plain_rate, spec_rate))
             row[mode] = dict(ratio=statistics.median(ratios), kept=sum(kept) / max(sum(drafted), 1),
                              drafted=statistics.mean(drafted), plain=statistics.median(r[0] for r in rates),
-                             spec=statistics.median(r[1] for r in rates))
+                             spec=statistics.median(r[1] for r in rates), same=min(same))
             log(f"  share {share:.0%} {mode}: {row[mode]['ratio']:.2f}x plain "
                 f"({row[mode]['plain']:.1f} -> {row[mode]['spec']:.1f} tok/s, {row[mode]['drafted']:.0f} drafted)")
         result[share] = row
@@ -223,12 +233,13 @@ def main() -> None:
     print(f"| rollback (land after 0 of 8 kept), × a step | {costs[1]['rollback']:.3f} | {costs[args.batch]['rollback']:.3f} |")
     print(f"| rollback, ms | {costs[1]['rollback_ms']:.2f} | {costs[args.batch]['rollback_ms']:.2f} |")
     print("\n| drafts kept (oracle, k = 8) | plain tok/s | always 8 drafts: kept, tok/s, × plain | "
-          "as `summarize` plans: drafted per run, tok/s, × plain | llama.cpp n-gram |")
-    print("|---|---|---|---|---|")
+          "as `summarize` plans: drafted per run, tok/s, × plain | tokens equal to plain's (fewest) | llama.cpp n-gram |")
+    print("|---|---|---|---|---|---|")
     for share in SHARES:
         forced, planned = rates[share]["forced"], rates[share]["planned"]
+        same = min(forced["same"], planned["same"])
         print(f"| {share:.0%} | {forced['plain']:.1f} | {forced['kept']:.0%}, {forced['spec']:.1f}, {forced['ratio']:.2f} | "
-              f"{planned['drafted']:.0f}, {planned['spec']:.1f}, {planned['ratio']:.2f} | – |")
+              f"{planned['drafted']:.0f}, {planned['spec']:.1f}, {planned['ratio']:.2f} | {same}/{args.tokens} | – |")
     line = ", ".join(f"{share:.0%} {rates[share]['planned']['ratio']:.2f}x" for share in (0.0, 0.5, 0.7))
     print(f"\nspeculative: verify8 {costs[1][8]:.2f}x a step, {line} plain decode")
 
