@@ -182,6 +182,7 @@ class ModelSummarizer:
             summary = self.fallback.summarize(doc.text, name=doc.name)
             # what the model read and wrote before its answer was found unusable
             summary.extra |= {key: counters[key] for key in ("tokens_in", "tokens_out", "draft_tokens", "accepted_tokens")}
+            summary.extra["phase_seconds"] = self._phase_seconds(counters)
             return summary
         if not doc.summary:
             raise SummarizeError(f"{doc.name}: the model wrote no usable summary")
@@ -201,7 +202,7 @@ class ModelSummarizer:
                 "restores": counters["restores"],
                 "draft_tokens": counters["draft_tokens"],
                 "accepted_tokens": counters["accepted_tokens"],
-                "phase_seconds": {phase: round(counters[f"{phase}_s"], 3) for phase in PHASES},
+                "phase_seconds": self._phase_seconds(counters),
             },
         )
 
@@ -366,6 +367,10 @@ class ModelSummarizer:
         state = self.s.model.new_state(1)
         self._phase(chunk, "prefill")
         return self._prefill(prompt, state), state
+
+    @staticmethod
+    def _phase_seconds(counters: dict) -> dict[str, float]:
+        return {phase: round(counters[f"{phase}_s"], 3) for phase in PHASES}
 
     def _prefill(self, ids: list[int], state) -> torch.Tensor:
         started = time.perf_counter()
