@@ -182,7 +182,7 @@ def run_summarize(args, document: Path, extra: list[str]) -> dict | None:
     return dict(
         wall=run["wall"], load=load, **phases,
         rest=run["wall"] - sum(phases.values()) - (load or 0.0),
-        tokens_in=record["tokens_in"], tokens_out=record["tokens_out"], chunks=record["chunks"],
+        tokens_in=record["tokens_in"], tokens_out=record["tokens_out"],
         kept=record["accepted_tokens"] / record["draft_tokens"] if record["draft_tokens"] else None,
         peak_rss=run["peak_rss"],
     )
