@@ -41,6 +41,7 @@ from summarize.engine.rwkv_common import (
     LAYER_NORM_EPS,
     NamedTensors,
     RWKVModel,
+    SizingShapes,
     Take,
     blinkdl_name,
     blinkdl_version,
@@ -77,36 +78,17 @@ class RWKV6Config:
         `where` (the checkpoint's folder or file) is named in the one-line SummarizeError that a
         missing or misshaped sizing tensor, or an ill-typed config.json setting, gives.
         """
-        if not isinstance(config, dict):
-            raise SummarizeError(f"{where}/config.json: not a JSON object of settings (a {type(config).__name__})")
-
-        def dims(name: str, rank: int) -> tuple[int, ...]:
-            found = shape(name)
-            if found is None:
-                raise SummarizeError(f"{where}: checkpoint lacks tensor {name}; not an RWKV-6 (x060) checkpoint")
-            if len(found) != rank or not all(found):
-                raise SummarizeError(f"{where}: tensor {name} has shape {tuple(found)}, expected {rank} non-zero sizes")
-            return found
-
-        def setting(key: str, default: float) -> float:
-            value = config.get(key)
-            if value is None:
-                return default
-            if type(value) not in (int, float) or not value > 0:
-                raise SummarizeError(f"{where}/config.json: {key} must be a positive number, not {value!r}")
-            return value
-
+        sizes = SizingShapes(shape, config, where, "x060")
+        dims = sizes.dims
         vocab, hidden = dims("emb.weight", 2)
-        layers = 0
-        while shape(f"blocks.{layers}.ln1.weight") is not None:
-            layers += 1
+        layers = sizes.layers()
         heads, head_size = dims("blocks.0.att.time_faaaa", 2)
         if heads * head_size != hidden:
             raise SummarizeError(f"{where}: blocks.0.att.time_faaaa has {heads} heads of {head_size}; the embedding has {hidden} channels")
         mix_width = dims("blocks.0.att.time_maa_w1", 2)[1]
         if mix_width % len(MIXED):
             raise SummarizeError(f"{where}: blocks.0.att.time_maa_w1 has {mix_width} columns, not {len(MIXED)} LoRAs of equal rank")
-        divisor = setting("head_size_divisor", DEFAULT_HEAD_SIZE_DIVISOR)
+        divisor = sizes.setting("head_size_divisor", DEFAULT_HEAD_SIZE_DIVISOR)
         return cls(
             vocab_size=vocab,
             hidden_size=hidden,
@@ -116,7 +98,7 @@ class RWKV6Config:
             mix_rank=mix_width // len(MIXED),
             decay_rank=dims("blocks.0.att.time_decay_w1", 2)[1],
             ffn_size=dims("blocks.0.ffn.key.weight", 2)[0],
-            layer_norm_eps=setting("layer_norm_epsilon", LAYER_NORM_EPS),
+            layer_norm_eps=sizes.setting("layer_norm_epsilon", LAYER_NORM_EPS),
             group_norm_eps=1e-5 * divisor**2,
         )
 

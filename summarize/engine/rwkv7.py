@@ -35,6 +35,7 @@ from summarize.engine.rwkv_common import (
     LAYER_NORM_EPS,
     NamedTensors,
     RWKVModel,
+    SizingShapes,
     Take,
     blinkdl_name,
     blinkdl_version,
@@ -78,29 +79,14 @@ class RWKV7Config:
         `where` (the checkpoint's folder or file) is named in the one-line SummarizeError that a
         missing or misshaped sizing tensor, or an ill-typed config.json setting, gives.
         """
-        if not isinstance(config, dict):
-            raise SummarizeError(f"{where}/config.json: not a JSON object of settings (a {type(config).__name__})")
-
-        def dims(name: str, rank: int) -> tuple[int, ...]:
-            found = shape(name)
-            if found is None:
-                raise SummarizeError(f"{where}: checkpoint lacks tensor {name}; not an RWKV-7 (x070) checkpoint")
-            if len(found) != rank or not all(found):
-                raise SummarizeError(f"{where}: tensor {name} has shape {tuple(found)}, expected {rank} non-zero sizes")
-            return found
-
+        sizes = SizingShapes(shape, config, where, "x070")
+        dims = sizes.dims
         vocab, hidden = dims("emb.weight", 2)
-        layers = 0
-        while shape(f"blocks.{layers}.ln1.weight") is not None:
-            layers += 1
+        layers = sizes.layers()
         heads, head_size = dims("blocks.0.att.r_k", 2)
         if heads * head_size != hidden:
             raise SummarizeError(f"{where}: blocks.0.att.r_k has {heads} heads of {head_size}; the embedding has {hidden} channels")
-        eps = config.get("norm_eps")
-        if eps is None:
-            eps = LAYER_NORM_EPS
-        elif type(eps) not in (int, float) or not eps > 0:
-            raise SummarizeError(f"{where}/config.json: norm_eps must be a positive number, not {eps!r}")
+        eps = sizes.setting("norm_eps", LAYER_NORM_EPS)
         # BlinkDL fixes ln_x's eps; the Hugging Face layout's models use head_size x norm_eps (equal at 64)
         group_eps = head_size * eps if config.get("model_type") in MODEL_TYPES else GROUP_NORM_EPS
         v1 = shape("blocks.1.att.v1")

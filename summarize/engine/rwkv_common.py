@@ -72,6 +72,39 @@ Locate = Callable[[str], tuple[str, bool]]  # BlinkDL name -> (stored name, tran
 Take = Callable[..., Tensor]  # take(BlinkDL name, target=dtype) -> tensor, shape-checked, on the device
 
 
+class SizingShapes:
+    """A config's sizes read from tensor shapes (BlinkDL names) and its eps values from config.json,
+    each failure one SummarizeError naming `where` (the checkpoint's folder or file)."""
+
+    def __init__(self, shape: Callable[[str], tuple[int, ...] | None], config: dict, where: str, version: str) -> None:
+        if not isinstance(config, dict):
+            raise SummarizeError(f"{where}/config.json: not a JSON object of settings (a {type(config).__name__})")
+        self.shape, self.config, self.where, self.version = shape, config, where, version
+
+    def dims(self, name: str, rank: int) -> tuple[int, ...]:
+        found = self.shape(name)
+        if found is None:
+            raise SummarizeError(f"{self.where}: checkpoint lacks tensor {name}; not an {version_label(self.version)} checkpoint")
+        if len(found) != rank or not all(found):
+            raise SummarizeError(f"{self.where}: tensor {name} has shape {tuple(found)}, expected {rank} non-zero sizes")
+        return found
+
+    def layers(self) -> int:
+        count = 0
+        while self.shape(f"blocks.{count}.ln1.weight") is not None:
+            count += 1
+        return count
+
+    def setting(self, key: str, default: float) -> float:
+        """config.json's `key`, a positive number, or `default` when absent."""
+        value = self.config.get(key)
+        if value is None:
+            return default
+        if type(value) not in (int, float) or not value > 0:
+            raise SummarizeError(f"{self.where}/config.json: {key} must be a positive number, not {value!r}")
+        return value
+
+
 def blinkdl_name(name: str) -> tuple[str, bool]:
     """BlinkDL's names are the canonical ones."""
     return name, False
