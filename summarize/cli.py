@@ -129,7 +129,7 @@ def _size(text: str | None) -> int | None:
 
 PLOT = "plot"
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+app = typer.Typer(pretty_exceptions_enable=False)  # with --install-completion and --show-completion
 plot_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
 
