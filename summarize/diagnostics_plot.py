@@ -89,11 +89,16 @@ def _record(path: Path, number: int, line: str) -> dict | None:
         if not line.endswith("\n"):
             return None
         raise SummarizeError(f"{path}, line {number}: not JSON, so not a --diagnostics-file") from None
-    if not (isinstance(record, dict) and record.get("phase") in PHASES and isinstance(record.get("layer"), int)
-            and record.get("kind") in ("recurrent", "attention") and "input" in record and "chunk" in record
-            and all(name in record for name in METRICS)):
+    if not _is_record(record):
         raise SummarizeError(f"{path}, line {number}: not a diagnostics record (summarize --diagnostics-file writes them)")
     return record
+
+
+def _is_record(record: object) -> bool:
+    """Whether `record` has the fields the plot reads, of the types DiagnosticsLog writes."""
+    return (isinstance(record, dict) and all(name in record for name in ("input", "chunk", "phase", "layer", "kind", *METRICS))
+            and isinstance(record["input"], str) and (record["chunk"] is None or isinstance(record["chunk"], int))
+            and record["phase"] in PHASES and isinstance(record["layer"], int) and record["kind"] in ("recurrent", "attention"))
 
 
 def _number(value: object) -> float | None:

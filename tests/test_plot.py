@@ -154,6 +154,9 @@ def bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], int]]:
     (tmp_path / "attention.jsonl").write_text(
         '{"input": "a", "chunk": 0, "phase": "prefill", "layer": 3, "kind": "attention", "state_norm": null, '
         '"gate_mean": null, "delta_norm": null, "kv_tokens": 5, "tokens": 5}\n')
+    (tmp_path / "odd.jsonl").write_text(
+        '{"input": ["a"], "chunk": "0", "phase": "prefill", "layer": 0, "kind": "recurrent", "state_norm": 1, '
+        '"gate_mean": 1, "delta_norm": 1, "kv_tokens": null, "tokens": 5}\n')
     (tmp_path / "latin1.jsonl").write_bytes(b"caf\xe9\n")
     (tmp_path / "a.file").write_text("")
     out = str(tmp_path / "d.svg")
@@ -164,6 +167,7 @@ def bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], int]]:
         "empty": ([str(tmp_path / "empty.jsonl"), "-o", out], 1),
         "JSON of another kind": ([str(tmp_path / "summaries.jsonl"), "-o", out], 1),
         "attention layers only": ([str(tmp_path / "attention.jsonl"), "-o", out], 1),
+        "fields of other types": ([str(tmp_path / "odd.jsonl"), "-o", out], 1),
         "not UTF-8": ([str(tmp_path / "latin1.jsonl"), "-o", out], 1),
         "an output that cannot be written": ([str(good), "-o", str(tmp_path / "a.file" / "d.svg")], 1),
         "unknown output suffix": ([str(good), "-o", str(tmp_path / "d.png")], 2),
@@ -174,7 +178,7 @@ def bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], int]]:
 
 
 CASES = ["missing file", "a folder", "not JSON", "empty", "JSON of another kind", "attention layers only",
-         "not UTF-8", "an output that cannot be written", "unknown output suffix", "no output", "no input",
+         "fields of other types", "not UTF-8", "an output that cannot be written", "unknown output suffix", "no output", "no input",
          "an unknown option"]
 
 
