@@ -1,6 +1,9 @@
 """The `summarize` command: parse the options, make one call into the library, map the outcome
 to an exit code. Exit codes: 0 all inputs ok, 1 some inputs failed, 2 usage error (found before
 anything is read or written), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
+
+`summarize plot FILE -o OUT` (`plot` as the first argument) draws a --diagnostics-file instead,
+with the same exit codes; a file named `plot` is summarized as `./plot`.
 """
 
 from __future__ import annotations
@@ -79,6 +82,20 @@ class _OneLineErrors(TyperCommand):
         sys.exit(code or EXIT_OK)
 
 
+class _SummarizeOrPlot(_OneLineErrors):
+    """`plot` as the first argument runs the plot command, anything else summarizes. Chosen where
+    the context is made, so that running, --help and shell completion all meet the plot options."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        if args[:1] == [PLOT]:
+            command = typer.main.get_command(plot_app)
+            return command.make_context(f"{info_name} {PLOT}", args[1:], parent=parent, **extra)
+        return super().make_context(info_name, args, parent=parent, **extra)
+
+    def invoke(self, ctx: Any) -> Any:
+        return super().invoke(ctx) if ctx.command is self else ctx.command.invoke(ctx)
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that the same cleanup runs on the way
     out (a half-written output's temporary file is removed)."""
@@ -110,10 +127,13 @@ def _size(text: str | None) -> int | None:
     return size
 
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+PLOT = "plot"
+HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
+app = typer.Typer(pretty_exceptions_enable=False)  # with --install-completion and --show-completion
+plot_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
 
-@app.command(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
+@app.command(cls=_SummarizeOrPlot, context_settings=HELP_OPTIONS)
 def summarize(
     inputs: Annotated[list[str] | None, typer.Argument(
         metavar="INPUT", show_default=False,
@@ -196,6 +216,8 @@ def summarize(
     """Summarize documents: each INPUT's summary of about N words goes to stdout (or to -o).
 
     Progress, notes and errors go to stderr, so stdout can be piped.
+
+    summarize plot FILE -o OUT.html draws a --diagnostics-file (summarize plot --help); a file named plot is ./plot.
     """
     if pull:
         raise typer.Exit(_pull(model, quiet=quiet))
@@ -219,6 +241,34 @@ def summarize(
     ui = QuietUI(verbose=verbose) if quiet else RichUI(verbose=verbose)
     code = _run(inputs, output, settings, ui, force=force, json_lines=json_lines)
     raise typer.Exit(code)
+
+
+@plot_app.command(context_settings=HELP_OPTIONS)
+def plot(
+    diagnostics: Annotated[Path, typer.Argument(
+        metavar="FILE", show_default=False, help="A --diagnostics-file (JSON lines).")],
+    output: Annotated[Path, typer.Option(
+        "-o", "--output", metavar="PATH", show_default=False,
+        help="The picture: .html (a page) or .svg; it opens offline.")],
+) -> None:
+    """Draw a --diagnostics-file as heatmaps of layers × spans: state_norm, gate_mean and
+    delta_norm, in prefill (by chunk) and decode (by step), for each input."""
+    from summarize.diagnostics_plot import FORMATS, write_plot
+
+    if output.suffix.lower() not in FORMATS:
+        raise typer.BadParameter(f"{output} is neither .html nor .svg", param_hint="'-o'")
+    if output.exists() and diagnostics.exists() and output.samefile(diagnostics):
+        raise typer.BadParameter(f"{output} is the diagnostics file itself", param_hint="'-o'")
+    try:
+        with _sigterm_interrupts():
+            write_plot(diagnostics, output)
+    except SummarizeError as exc:
+        typer.echo(f"error: {printable(str(exc))}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    except KeyboardInterrupt as exc:
+        message, code = _interruption(exc)
+        typer.echo(f"error: {message}", err=True)
+        raise typer.Exit(code) from None
 
 
 def _check_overlap(overlap: int | None, chunk_tokens: int | None) -> None:
@@ -287,9 +337,9 @@ def _run(inputs: list[str], output: str | None, settings: Settings, ui: Reporter
             results = batch.run(plan, settings, ui=ui, force=force, json_lines=json_lines)
     except KeyboardInterrupt as exc:
         ui.close()
-        terminated = isinstance(exc, Terminated)
-        ui.error("terminated" if terminated else "interrupted")
-        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+        message, code = _interruption(exc)
+        ui.error(message)
+        return code
     except batch.StdoutError as exc:
         ui.close()
         ui.error(str(exc))
@@ -306,6 +356,11 @@ def _run(inputs: list[str], output: str | None, settings: Settings, ui: Reporter
     finally:
         ui.close()
     return EXIT_FAILED if any(r.status == "failed" for r in results) else EXIT_OK
+
+
+def _interruption(exc: KeyboardInterrupt) -> tuple[str, int]:
+    """What to say and the exit code, for Ctrl-C or SIGTERM (`Terminated`)."""
+    return ("terminated", EXIT_TERMINATED) if isinstance(exc, Terminated) else ("interrupted", EXIT_INTERRUPTED)
 
 
 @contextmanager
