@@ -12,6 +12,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -327,8 +328,9 @@ def _pull(model: str, *, quiet: bool) -> int:
 
 def _run(inputs: list[str], output: str | None, settings: Settings, ui: Reporter, *, force: bool, json_lines: bool,
          on_cluster: tuple[cluster.ClusterAddress, cluster.WorkerResources] | None = None) -> int:
+    sigterm = _SigtermRecord()
     try:
-        with _library_warnings(shown=settings.verbose), _sigterm_interrupts():
+        with _library_warnings(shown=settings.verbose), _sigterm_interrupts() as sigterm:
             try:
                 plan = batch.plan(inputs, output, diagnostics_file=settings.diagnostics_file)
             except SummarizeError as exc:
@@ -348,7 +350,8 @@ def _run(inputs: list[str], output: str | None, settings: Settings, ui: Reporter
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
         ui.close()
-        terminated = isinstance(exc, Terminated)
+        # Ray's waits turn the handler's Terminated into a plain KeyboardInterrupt: the record says
+        terminated = isinstance(exc, Terminated) or sigterm.received
         ui.error("terminated" if terminated else "interrupted")
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     except batch.StdoutError as exc:
@@ -369,20 +372,28 @@ def _run(inputs: list[str], output: str | None, settings: Settings, ui: Reporter
     return EXIT_FAILED if any(r.status == "failed" for r in results) else EXIT_OK
 
 
+@dataclass
+class _SigtermRecord:
+    received: bool = False
+
+
 @contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """While the run lasts, SIGTERM raises Terminated, so it cleans up as Ctrl-C does."""
+def _sigterm_interrupts() -> Iterator[_SigtermRecord]:
+    """While the run lasts, SIGTERM raises Terminated, so it cleans up as Ctrl-C does; the record
+    yielded says whether one came."""
+    record = _SigtermRecord()
 
     def raise_terminated(signum: int, frame: object) -> None:
+        record.received = True
         raise Terminated
 
     try:
         previous = signal.signal(signal.SIGTERM, raise_terminated)
     except ValueError:  # not the main thread (a host application's worker): its signals are its own
-        yield
+        yield record
         return
     try:
-        yield
+        yield record
     finally:  # None: the previous handler was not set from Python; the default is what it did
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -84,14 +85,28 @@ def connected(address: ClusterAddress, resources: WorkerResources) -> Iterator[i
         options |= dict(num_cpus=math.ceil(workers * resources.cpus))
     else:
         options |= dict(address=address.ray_address)
+    sigterm = signal.getsignal(signal.SIGTERM)
     try:
         ray.init(**options)
     except Exception as exc:  # ConnectionError, a version mismatch, no cluster at "auto", ...
         raise ClusterError(f"--ray {address.text}: cannot connect ({first_line(exc)})") from exc
+    finally:
+        _restore(signal.SIGTERM, sigterm)
     try:
         yield _capacity(ray, address, resources)
     finally:
         ray.shutdown()
+
+
+def _restore(signum: int, handler: object) -> None:
+    """Put back a Python handler that Ray's own replaced when it connected (its SIGTERM handler
+    prints a stack and exits 1, where the CLI cleans up and exits 143)."""
+    if handler is None:  # not set from Python: nothing of ours to keep
+        return
+    try:
+        signal.signal(signum, handler)
+    except ValueError:  # not the main thread: its signals are the host application's
+        pass
 
 
 def _capacity(ray: ModuleType, address: ClusterAddress, resources: WorkerResources) -> int:

@@ -23,6 +23,31 @@ from tiny_models import REAL_TOKENIZER, tiny_released_layout
 
 ray = pytest.importorskip("ray")
 
+# The CLI in a child whose workers never finish a document; `ready` is touched when the first
+# document is sent, so that a signal lands while the driver waits on the cluster.
+BUSY_WORKERS_CHILD = """
+import sys, time
+from pathlib import Path
+from summarize import cli, ray_pool, ray_worker
+
+ready = Path(sys.argv[1])
+
+class Busy(ray_worker.DocumentWorker):
+    def summarize(self, data, source, label):
+        time.sleep(120)
+
+real_submit = ray_pool.WorkerPool.submit
+
+def submit(self, *args):
+    ready.touch()
+    return real_submit(self, *args)
+
+ray_pool.DocumentWorker = Busy
+ray_pool.WorkerPool.submit = submit
+sys.argv = ["summarize", *sys.argv[2:]]
+cli.main()
+"""
+
 THIRD = """Rivers carry sand and stones from the mountains to the sea. Where the water slows down, the
 sand settles and builds wide deltas. Farmers have grown rice on such land for thousands of years.
 """
@@ -205,3 +230,20 @@ def test_ctrl_c_while_writing_leaves_no_temporary_file_and_exits_130(cluster, fo
     assert stderr.strip().splitlines()[-1] == "error: interrupted"
     assert not temp_files(out)
     assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize(("signum", "code", "line"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_a_signal_while_the_workers_run_ends_them_and_writes_nothing(cluster, folder: Path, tmp_path: Path,
+                                                                     signum, code, line):
+    out, ready = tmp_path / "out", tmp_path / "ready"
+    (folder / "broken.pdf").unlink()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BUSY_WORKERS_CHILD, str(ready), str(folder), "-o", str(out), "--extractive",
+         "--ray", "auto"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=child_env() | {"RAY_ADDRESS": cluster}, cwd=ROOT)
+    wait_for(ready, proc, seconds=120)
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == code, stderr
+    assert stderr.strip().splitlines() == [f"error: {line}"]
+    assert not out.exists()
