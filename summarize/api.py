@@ -18,7 +18,7 @@ from summarize.summarizer_factory import make_summarizer
 from summarize.types import ModelProgress, Result, Settings, Summary
 
 
-class _Notes:
+class NotesReporter:
     """The `Reporter` of a library call: notes go to `notify` (or nowhere); nothing is drawn."""
 
     shows_live_state = False
@@ -61,7 +61,7 @@ class Summarizer:
             self.settings = Settings(**settings)
         except TypeError as exc:  # an unknown keyword: say which, as the CLI would for an option
             raise SummarizeError(f"unknown setting: {exc}") from None
-        self._reporter = _Notes(notify)
+        self._reporter = NotesReporter(notify)
         self._summarizer = None
 
     def summarize_text(self, text: str, *, name: str = "<text>") -> Summary:

@@ -223,8 +223,12 @@ class StdoutError(SummarizeError):
     BrokenPipeError instead: the run then ends quietly)."""
 
 
-class _ModelNotLoaded(SummarizeError):
+class ModelNotLoaded(SummarizeError):
     """An input fails because the run's model could not be loaded; why is said once, not per input."""
+
+    @classmethod
+    def because(cls, exc: Exception) -> ModelNotLoaded:
+        return cls(f"{MODEL_NOT_LOADED}: {one_line_reason(exc)}")
 
 
 def run(
@@ -240,7 +244,7 @@ def run(
 
     Raises StdoutError when a summary or a JSON record cannot be printed.
     """
-    printer = _Stdout(stdout or sys.stdout, plan, json_lines=json_lines)
+    printer = StdoutPrinter(stdout or sys.stdout, plan, json_lines=json_lines)
     summarizer: Summarizer | Exception | None = None
 
     def get_summarizer() -> Summarizer:
@@ -252,9 +256,8 @@ def run(
             try:
                 summarizer = make_summarizer(settings, ui)
             except Exception as exc:  # noqa: BLE001 - each input fails with it, below
-                reason = f"{MODEL_NOT_LOADED}: {_reason(exc)}"
-                ui.error(reason, exc=exc)
-                summarizer = _ModelNotLoaded(reason)
+                summarizer = ModelNotLoaded.because(exc)
+                ui.error(str(summarizer), exc=exc)
         if isinstance(summarizer, Exception):
             raise summarizer
         return summarizer
@@ -275,7 +278,7 @@ def run(
         else:
             outcomes = _summarize_all(summarizer, [(text, job.label) for _, job, text, _ in pending])
         for (index, job, _, start), outcome in zip(pending, outcomes):
-            finish(index, job, _written(job, outcome, settings, ui=ui, start=start))
+            finish(index, job, written_result(job, outcome, settings, ui=ui, start=start))
         pending.clear()
 
     try:
@@ -300,13 +303,18 @@ def run(
     finally:  # the summarizer holds the diagnostics file: flushed and closed however the run ends
         if summarizer is not None and not isinstance(summarizer, Exception):
             summarizer.close()
+    return in_plan_order(results, plan, ui=ui)
+
+
+def in_plan_order(results: dict[int, Result], plan: Plan, *, ui: Reporter) -> list[Result]:
+    """Every job's Result in the order of the plan, after the results table when there are several."""
     ordered = [results[i] for i in range(len(plan.jobs))]
     if len(ordered) > 1:
         ui.results_table(ordered)
     return ordered
 
 
-class _Stdout:
+class StdoutPrinter:
     """Prints results in the inputs' order, though a later input may finish first (it failed to
     read while earlier ones wait to be summarized together): summaries bound for stdout, or with
     --json one record per input, failed and skipped ones too."""
@@ -360,19 +368,33 @@ def _summarize_all(summarizer: Summarizer, documents: list[tuple[str, str]]) -> 
 def _read(job: Job, settings: Settings, *, ui: Reporter, force: bool, start: float) -> str | Result:
     """The job's text, or its Result when it ends here (skipped, or failed to read)."""
     try:
-        if job.problem:
-            raise SummarizeError(job.problem)
-        if job.output is not None and not force and is_up_to_date(job, settings.fingerprint()):
-            return Result(job.label, "skipped", "up to date (--force rewrites it)", job.output)
+        settled = settled_before_reading(job, settings, force=force)
+        if settled is not None:
+            return settled
         text = extract_text(job.input, password=settings.password, verbose=settings.verbose, notify=ui.note)
-        if not text.strip():
-            raise SummarizeError("no text to summarize")
-        return text
+        return worth_summarizing(text)
     except Exception as exc:  # one input's failure, whatever it is, must not end the run
-        return _failed(job, exc, ui=ui, start=start)
+        return failed_result(job, exc, ui=ui, start=start)
 
 
-def _written(job: Job, outcome: Summary | Exception, settings: Settings, *, ui: Reporter, start: float) -> Result:
+def settled_before_reading(job: Job, settings: Settings, *, force: bool) -> Result | None:
+    """The job's Result when it ends before its input is read: skipped, its output being up to
+    date for these settings. Raises SummarizeError for a problem known from planning; None: read it."""
+    if job.problem:
+        raise SummarizeError(job.problem)
+    if job.output is not None and not force and is_up_to_date(job, settings.fingerprint()):
+        return Result(job.label, "skipped", "up to date (--force rewrites it)", job.output)
+    return None
+
+
+def worth_summarizing(text: str) -> str:
+    """`text`, or SummarizeError when nothing but blanks was extracted."""
+    if not text.strip():
+        raise SummarizeError("no text to summarize")
+    return text
+
+
+def written_result(job: Job, outcome: Summary | Exception, settings: Settings, *, ui: Reporter, start: float) -> Result:
     """Write a summary to the job's output (if it has one); the job's Result."""
     try:
         if isinstance(outcome, Exception):
@@ -381,19 +403,19 @@ def _written(job: Job, outcome: Summary | Exception, settings: Settings, *, ui: 
             write_summary(job.output, outcome, settings)
         return Result(job.label, "ok", "", job.output, outcome, time.perf_counter() - start)
     except Exception as exc:
-        return _failed(job, exc, ui=ui, start=start)
+        return failed_result(job, exc, ui=ui, start=start)
 
 
-def _failed(job: Job, exc: Exception, *, ui: Reporter, start: float) -> Result:
-    reason = _reason(exc, job)
-    if isinstance(exc, _ModelNotLoaded):  # the whole reason was said once, before this line
+def failed_result(job: Job, exc: Exception, *, ui: Reporter, start: float) -> Result:
+    reason = one_line_reason(exc, job)
+    if isinstance(exc, ModelNotLoaded):  # the whole reason was said once, before this line
         ui.error(f"{job.label}: {MODEL_NOT_LOADED} (see above)")
     else:
         ui.error(f"{job.label}: {reason}", exc=exc)
     return Result(job.label, "failed", reason, job.output, None, time.perf_counter() - start)
 
 
-def _reason(exc: Exception, job: Job | None = None) -> str:
+def one_line_reason(exc: Exception, job: Job | None = None) -> str:
     """A one-line reason, without the input's name (the caller prefixes it)."""
     if isinstance(exc, SummarizeError):
         msg = str(exc)

@@ -15,6 +15,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,7 +24,7 @@ import typer
 from typer.core import TyperCommand
 from typer.exceptions import TyperException
 
-from summarize import __version__, batch
+from summarize import __version__, batch, cluster
 from summarize.errors import SummarizeError
 from summarize.map_batch import parse_size
 from summarize.types import (
@@ -112,6 +113,13 @@ def _probability(p: float | None) -> float | None:
     if p is not None and not 0.0 < p <= 1.0:
         raise typer.BadParameter(f"{p} is not in the range 0<x<=1.")
     return p
+
+
+def _positive(value: float | None) -> float | None:
+    """--ray-cpus: more than 0 (a worker's share sets how many fit on the cluster)."""
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"{value:g} is not more than 0.")
+    return value
 
 
 def _size(text: str | None) -> int | None:
@@ -207,6 +215,16 @@ def summarize(
         "-q", "--quiet", help="Say nothing on stderr but errors.")] = False,
     verbose: Annotated[bool, typer.Option(
         "-v", "--verbose", help="Show libraries' warnings and full error details.")] = False,
+    ray: Annotated[str | None, typer.Option(
+        "--ray", metavar="ADDRESS", callback=_ray_address, show_default=False,
+        help="Summarize on a Ray cluster: auto (the running one, or RAY_ADDRESS), local[:N] (start one "
+             "with N workers here) or ray://host:port. Needs the ray extra.")] = None,
+    ray_cpus: Annotated[float | None, typer.Option(
+        "--ray-cpus", callback=_positive, show_default=False,
+        help="CPUs each cluster worker reserves (default 1); it holds one model.")] = None,
+    ray_gpus: Annotated[float | None, typer.Option(
+        "--ray-gpus", min=0.0, show_default=False,
+        help="GPUs each cluster worker reserves (default 0; 0.5 puts two workers on a GPU).")] = None,
     pull: Annotated[bool, typer.Option(
         "--pull", help="Download the model (-m) into the local cache ahead of time, then exit.")
     ] = False,
@@ -224,7 +242,9 @@ def summarize(
     if not inputs:
         raise typer.BadParameter("give at least one INPUT (a file, a folder or -)", param_hint="'INPUT'")
     _check_overlap(overlap, chunk_tokens)
-    if device is not None and not extractive:  # an extractive run never needs torch: --device is moot
+    on_cluster = _cluster_run(ray, ray_cpus, ray_gpus, diagnostics_file)
+    # an extractive run never needs torch: --device is moot; on a cluster, the workers' devices count
+    if device is not None and not extractive and on_cluster is None:
         _check_device(device)
     if sys.stdout is None and (output is None or json_lines):  # started with stdout closed (`>&-`)
         typer.echo("error: standard output is closed: nowhere to print the summaries "
@@ -239,7 +259,7 @@ def summarize(
         password=password, verbose=verbose,
     )
     ui = QuietUI(verbose=verbose) if quiet else RichUI(verbose=verbose)
-    code = _run(inputs, output, settings, ui, force=force, json_lines=json_lines)
+    code = _run(inputs, output, settings, ui, force=force, json_lines=json_lines, on_cluster=on_cluster)
     raise typer.Exit(code)
 
 
@@ -269,6 +289,37 @@ def plot(
         message, code = _interruption(exc)
         typer.echo(f"error: {message}", err=True)
         raise typer.Exit(code) from None
+
+
+def _ray_address(text: str | None) -> cluster.ClusterAddress | None:
+    """--ray: auto, local[:N] or ray://host:port."""
+    if text is None:
+        return None
+    try:
+        return cluster.parse_address(text)
+    except cluster.ClusterError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _cluster_run(address: cluster.ClusterAddress | None, cpus: float | None, gpus: float | None,
+                 diagnostics_file: Path | None) -> tuple[cluster.ClusterAddress, cluster.WorkerResources] | None:
+    """Where a --ray run goes and what each worker reserves; None without --ray. Ray itself is
+    checked now: a missing extra is a usage error, said before anything is read."""
+    if address is None:
+        if cpus is not None or gpus is not None:
+            raise typer.BadParameter("only with --ray", param_hint="'--ray-cpus' / '--ray-gpus'")
+        return None
+    if diagnostics_file is not None:
+        raise typer.BadParameter("not with --ray: each worker would write its own, on its own machine",
+                                 param_hint="'--diagnostics-file'")
+    try:
+        cluster.require_ray()
+    except cluster.ClusterError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
+    default = cluster.WorkerResources()
+    return address, cluster.WorkerResources(cpus=default.cpus if cpus is None else cpus,
+                                            gpus=default.gpus if gpus is None else gpus)
 
 
 def _check_overlap(overlap: int | None, chunk_tokens: int | None) -> None:
@@ -325,19 +376,32 @@ def _pull(model: str, *, quiet: bool) -> int:
     return EXIT_OK
 
 
-def _run(inputs: list[str], output: str | None, settings: Settings, ui: Reporter, *,
-         force: bool, json_lines: bool) -> int:
+def _run(inputs: list[str], output: str | None, settings: Settings, ui: Reporter, *, force: bool, json_lines: bool,
+         on_cluster: tuple[cluster.ClusterAddress, cluster.WorkerResources] | None = None) -> int:
+    sigterm = _SigtermRecord()
     try:
-        with _library_warnings(shown=settings.verbose), _sigterm_interrupts():
+        with _library_warnings(shown=settings.verbose), _sigterm_interrupts() as sigterm:
             try:
                 plan = batch.plan(inputs, output, diagnostics_file=settings.diagnostics_file)
             except SummarizeError as exc:
                 ui.error(str(exc))
                 return EXIT_USAGE
-            results = batch.run(plan, settings, ui=ui, force=force, json_lines=json_lines)
+            if on_cluster is None:
+                results = batch.run(plan, settings, ui=ui, force=force, json_lines=json_lines)
+            else:
+                from summarize import ray_batch  # only here: a plain run never imports the cluster code
+
+                address, resources = on_cluster
+                results = ray_batch.run(plan, settings, cluster=address, resources=resources, ui=ui, force=force,
+                                        json_lines=json_lines)
+    except cluster.ClusterError as exc:  # before any document was sent
+        ui.close()
+        ui.error(str(exc))
+        return EXIT_USAGE
     except KeyboardInterrupt as exc:
         ui.close()
-        message, code = _interruption(exc)
+        # Ray's waits turn the handler's Terminated into a plain KeyboardInterrupt: the record says
+        message, code = _interruption(exc, sigterm)
         ui.error(message)
         return code
     except batch.StdoutError as exc:
@@ -358,25 +422,34 @@ def _run(inputs: list[str], output: str | None, settings: Settings, ui: Reporter
     return EXIT_FAILED if any(r.status == "failed" for r in results) else EXIT_OK
 
 
-def _interruption(exc: KeyboardInterrupt) -> tuple[str, int]:
-    """What to say and the exit code, for Ctrl-C or SIGTERM (`Terminated`)."""
-    return ("terminated", EXIT_TERMINATED) if isinstance(exc, Terminated) else ("interrupted", EXIT_INTERRUPTED)
+@dataclass
+class _SigtermRecord:
+    received: bool = False
+
+
+def _interruption(exc: KeyboardInterrupt, sigterm: _SigtermRecord | None = None) -> tuple[str, int]:
+    """What to say and the exit code, for Ctrl-C or SIGTERM (`Terminated`, or a record of it)."""
+    terminated = isinstance(exc, Terminated) or (sigterm is not None and sigterm.received)
+    return ("terminated", EXIT_TERMINATED) if terminated else ("interrupted", EXIT_INTERRUPTED)
 
 
 @contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """While the run lasts, SIGTERM raises Terminated, so it cleans up as Ctrl-C does."""
+def _sigterm_interrupts() -> Iterator[_SigtermRecord]:
+    """While the run lasts, SIGTERM raises Terminated, so it cleans up as Ctrl-C does; the record
+    yielded says whether one came."""
+    record = _SigtermRecord()
 
     def raise_terminated(signum: int, frame: object) -> None:
+        record.received = True
         raise Terminated
 
     try:
         previous = signal.signal(signal.SIGTERM, raise_terminated)
     except ValueError:  # not the main thread (a host application's worker): its signals are its own
-        yield
+        yield record
         return
     try:
-        yield
+        yield record
     finally:  # None: the previous handler was not set from Python; the default is what it did
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 

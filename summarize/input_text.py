@@ -57,12 +57,32 @@ def extract_text(
     across line breaks rejoined; no ligature characters, soft hyphens or zero-width spaces; no
     running headers/footers or page numbers where pages are known (PDF pages, or form feeds in text).
     """
+    return text_from_bytes(read_input(source), source, password=password, verbose=verbose, notify=notify)
+
+
+def read_input(source: str | Path) -> bytes:
+    """The bytes of a file, or of stdin when `source` is "-"; ExtractionError (one line naming the
+    input) for a missing, empty or unreadable one."""
+    if str(source) == STDIN:
+        return _read_stdin()
+    return _read_file(Path(source), str(source))
+
+
+def text_from_bytes(
+    data: bytes,
+    source: str | Path,
+    *,
+    password: str | None = None,
+    verbose: bool = False,
+    notify: Callable[[str], None] | None = None,
+) -> str:
+    """`extract_text` of bytes already read from `source` (which names the input and, by its
+    suffix, says whether it is Markdown): a process without access to the file can read it."""
     stdin = str(source) == STDIN
     label = STDIN_LABEL if stdin else str(source)
     notes: list[str] = []
     try:
         with _quiet_pypdf(verbose):
-            data = _read_stdin() if stdin else _read_file(Path(source), label)
             if _looks_like_pdf(data) or (not stdin and Path(source).suffix.lower() == ".pdf"):
                 text = _pdf_text(_iter_pages(io.BytesIO(data), label, password), label)
             else:

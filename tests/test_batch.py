@@ -70,14 +70,19 @@ def invoke(*args: str):
     return CliRunner().invoke(cli.app, list(args))
 
 
-@pytest.fixture
-def docs(tmp_path: Path, truncated_pdf: Path) -> Path:
-    """docs/bees.txt, docs/sub/lights.md and a truncated docs/broken.pdf, plus files to skip."""
-    root = tmp_path / "docs"
+def documents(root: Path, truncated_pdf: Path) -> Path:
+    """root/bees.txt, root/sub/lights.md and a truncated root/broken.pdf."""
     (root / "sub").mkdir(parents=True)
     (root / "bees.txt").write_text(GOOD, encoding="utf-8")
     (root / "sub" / "lights.md").write_text(OTHER, encoding="utf-8")
     shutil.copy(truncated_pdf, root / "broken.pdf")
+    return root
+
+
+@pytest.fixture
+def docs(tmp_path: Path, truncated_pdf: Path) -> Path:
+    """docs/bees.txt, docs/sub/lights.md and a truncated docs/broken.pdf, plus files to skip."""
+    root = documents(tmp_path / "docs", truncated_pdf)
     (root / ".hidden.txt").write_text(GOOD)
     (root / ".git").mkdir()
     (root / ".git" / "notes.txt").write_text(GOOD)
