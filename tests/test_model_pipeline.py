@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +44,8 @@ def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess
     # fp32: tiny matrices are faster in fp32 than in bf16 on a CPU
     env_args = [sys.executable, "-m", "summarize", "--dtype", "float32", *args]
     return subprocess.run(env_args, input=stdin, capture_output=True, text=True, timeout=600,
-                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "NO_COLOR": "1"})
+                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "NO_COLOR": "1",
+                               "SUMMARIZE_CACHE_DIR": os.environ["SUMMARIZE_CACHE_DIR"]})
 
 
 def test_pdf_to_summary_with_diagnostics(model_dir, tmp_path):
