@@ -305,7 +305,8 @@ def test_the_notes_cap_the_word_budget_of_a_long_document(model_dir, monkeypatch
 
 
 def test_speculation_changes_nothing_in_a_greedy_summary_and_is_reported(model_dir):
-    args = [str(sample_pdf()), "-m", str(model_dir), "-n", "60", "--temperature", "0", "--json"]
+    # --no-cache: the second run reads the document again rather than taking the first run's notes
+    args = [str(sample_pdf()), "-m", str(model_dir), "-n", "60", "--temperature", "0", "--json", "--no-cache"]
     plain, speculative = run_cli(*args, "--speculate", "0"), run_cli(*args)
     assert plain.returncode == speculative.returncode == 0, plain.stderr + speculative.stderr
     plain_record, speculative_record = json.loads(plain.stdout), json.loads(speculative.stdout)
