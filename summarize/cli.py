@@ -29,6 +29,7 @@ from summarize.errors import SummarizeError
 from summarize.map_batch import parse_size
 from summarize.types import (
     DEFAULT_BATCH_MEMORY,
+    DEFAULT_CACHE_SIZE,
     DEFAULT_CHUNK_TOKENS,
     DEFAULT_MODEL,
     DEFAULT_OVERLAP,
@@ -123,7 +124,7 @@ def _positive(value: float | None) -> float | None:
 
 
 def _size(text: str | None) -> int | None:
-    """--batch-memory: a size such as 1G or 512M."""
+    """--batch-memory, --cache-size: a size such as 1G or 512M."""
     if text is None:
         return None
     try:
@@ -205,6 +206,15 @@ def summarize(
         "--batch-memory", metavar="SIZE", envvar="SUMMARIZE_BATCH_MEMORY", show_default=False, callback=_size,
         help="Memory for the states of the chunks read together in map-reduce (default 1G: 8 rows "
              "of a 0.8B model); it bounds the batch whatever the document's length.")] = None,
+    no_cache: Annotated[bool, typer.Option(
+        "--no-cache", help="Neither reuse nor keep what the model read (chunks' notes, stream states).")] = False,
+    cache_dir: Annotated[Path | None, typer.Option(
+        "--cache-dir", metavar="DIR", envvar="SUMMARIZE_CACHE_DIR", file_okay=False, show_default=False,
+        help="Keep what the model read here (default: $XDG_CACHE_HOME/summarize, else ~/.cache/summarize).")] = None,
+    cache_size: Annotated[str | None, typer.Option(
+        "--cache-size", metavar="SIZE", envvar="SUMMARIZE_CACHE_SIZE", show_default=False, callback=_size,
+        help=f"At most this much kept in the cache; the least recently used goes first "
+             f"(default {DEFAULT_CACHE_SIZE // 2**30}G).")] = None,
     password: Annotated[str | None, typer.Option(
         envvar="SUMMARIZE_PASSWORD", show_default=False,
         help="Password for encrypted PDFs; the env var keeps it out of the process list.")
@@ -255,6 +265,7 @@ def summarize(
         quantize=quantize.value if quantize else None, focus=focus, chunk_tokens=chunk_tokens, overlap=overlap, strategy=strategy.value,
         extractive=extractive, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, speculate=speculate,
         batch_memory=batch_memory or DEFAULT_BATCH_MEMORY,
+        cache=not no_cache, cache_dir=str(cache_dir) if cache_dir else None, cache_size=cache_size or DEFAULT_CACHE_SIZE,
         diagnostics_file=str(diagnostics_file) if diagnostics_file else None,
         password=password, verbose=verbose,
     )

@@ -28,6 +28,7 @@ from summarize.prompts import (
     clean_output,
     focus_sentence,
 )
+from summarize.read_cache import ReadCache
 from summarize.session import ModelSession
 from summarize.text import count_words, trim_to_words
 from summarize.types import (
@@ -53,6 +54,11 @@ RESTATE_LIMIT = 2  # how often the final summary is asked for again when the fir
 MIN_SUMMARY_WORDS = 20
 
 
+def token_budget(words: int) -> int:
+    """The most tokens decoded for an answer of about `words` words."""
+    return int(words * TOKENS_PER_WORD) + 16
+
+
 @dataclass
 class _Document:
     """One document on its way through the summarizer."""
@@ -63,6 +69,7 @@ class _Document:
     progress: ModelProgress
     start: float
     notes: list[str] = field(default_factory=list)
+    chunk_notes: dict[int, str] = field(default_factory=dict)  # each chunk's notes, "" where unusable
     summary: str = ""
     words: int = 0  # the summary's word budget: -n, capped by what it is written from
 
@@ -91,6 +98,7 @@ class ModelSummarizer:
         chunk_tokens: int | None = None,
         overlap: int | None = None,
         batch_memory: int = DEFAULT_BATCH_MEMORY,
+        cache: ReadCache | None = None,
         fallback: Summarizer | None = None,
         notify: Callable[[str], None] = lambda msg: None,
         on_span: Callable[[ModelProgress, SpanReport], None] | None = None,
@@ -110,6 +118,7 @@ class ModelSummarizer:
         self.on_phase = on_phase
         self.diagnostics = diagnostics
         self.map_batch = map_batch_size(session.model, self.chunk_tokens, batch_memory)
+        self.cache = cache
         self.progress = ModelProgress()
         # per-token span reports cost ~10% of a decode step: only when someone reads them
         session.model.listener = self._span if on_span is not None or diagnostics is not None else None
@@ -152,6 +161,8 @@ class ModelSummarizer:
             self._write_summaries(live)
         if self.diagnostics is not None:
             self.diagnostics.flush()
+        if self.cache is not None:
+            self.cache.trim()
         results = []
         for doc in docs:
             try:
@@ -170,7 +181,8 @@ class ModelSummarizer:
         chunks = chunk_text(text, chunk_size=self.chunk_tokens, overlap=self.overlap, count=self.s.tokenizer.count, strategy=self.strategy)
         if not chunks:
             raise SummarizeError(f"{name}: no text to summarize")
-        counters = {"prefix_prefills": 0, "restores": 0, "tokens_in": 0, "tokens_out": 0, "draft_tokens": 0, "accepted_tokens": 0}
+        counters = {"prefix_prefills": 0, "restores": 0, "tokens_in": 0, "tokens_out": 0, "draft_tokens": 0, "accepted_tokens": 0,
+                    "cached_chunks": 0}
         counters |= {f"{phase}_s": 0.0 for phase in PHASES}
         progress = ModelProgress(input=name, chunks=len(chunks), counters=counters)
         return _Document(name, text, chunks, progress, time.perf_counter())
@@ -181,7 +193,7 @@ class ModelSummarizer:
             self.notify(f"{doc.name}: the model wrote no usable summary; writing an extractive one instead")
             summary = self.fallback.summarize(doc.text, name=doc.name)
             # what the model read and wrote before its answer was found unusable
-            summary.extra |= {key: counters[key] for key in ("tokens_in", "tokens_out", "draft_tokens", "accepted_tokens")}
+            summary.extra |= {key: counters[key] for key in ("tokens_in", "tokens_out", "draft_tokens", "accepted_tokens", "cached_chunks")}
             summary.extra["phase_seconds"] = self._phase_seconds(counters)
             return summary
         if not doc.summary:
@@ -200,6 +212,7 @@ class ModelSummarizer:
                 "tokens_out": counters["tokens_out"],
                 "prefix_prefills": counters["prefix_prefills"],
                 "restores": counters["restores"],
+                "cached_chunks": counters["cached_chunks"],
                 "draft_tokens": counters["draft_tokens"],
                 "accepted_tokens": counters["accepted_tokens"],
                 "phase_seconds": self._phase_seconds(counters),
@@ -210,41 +223,60 @@ class ModelSummarizer:
 
     def _write_notes(self, docs: list[_Document]) -> None:
         """Notes on every chunk of `docs`: each chunk read alone from the prefix snapshot, the notes
-        decoded in batches that may span documents."""
-        if not docs:
-            return
-        model, tok = self.s.model, self.s.tokenizer
-        self.progress = docs[0].progress
+        decoded in batches that may span documents; notes kept in the cache are taken from it."""
+        tok = self.s.tokenizer
+        prefix = tok.chat_prefix_ids(None, MAP_INSTRUCTION.format(words=NOTES_WORDS))
+        rows = []  # (document, chunk, prompt, cache key) of each chunk to read
+        for doc in docs:
+            for chunk in doc.chunks:
+                prompt = tok.chat_suffix_ids(chunk.text, MAP_QUESTION)
+                key = None if self.cache is None else self.cache.notes_key(prefix + prompt, self.s.sampling, token_budget(NOTES_WORDS))
+                cached = None if key is None else self.cache.notes(key)
+                if cached is None:
+                    rows.append((doc, chunk, prompt, key))
+                else:
+                    doc.chunk_notes[chunk.index] = cached
+                    doc.progress.counters["cached_chunks"] += 1
+            if doc.progress.counters["cached_chunks"]:
+                self.notify(f"{doc.name}: notes of {doc.progress.counters['cached_chunks']} of {len(doc.chunks)} chunks from the cache")
+        if rows:
+            self._read_chunks(rows, prefix)
+        for doc in docs:
+            doc.notes = [note for _, note in sorted(doc.chunk_notes.items()) if note]
+
+    def _read_chunks(self, rows: list, prefix: list[int]) -> None:
+        """Read each (document, chunk, prompt, cache key) of `rows` and write its notes."""
+        model = self.s.model
+        self.progress = rows[0][0].progress
         prefix_state = model.new_state(1)
         self._phase(None, "prefix")
-        self._prefill(tok.chat_prefix_ids(None, MAP_INSTRUCTION.format(words=NOTES_WORDS)), prefix_state)
+        self._prefill(prefix, prefix_state)
         self.progress.counters["prefix_prefills"] += 1  # the same instruction serves every document
         snapshot = prefix_state.snapshot()
-        rows = [(doc, chunk) for doc in docs for chunk in doc.chunks]
         for start in range(0, len(rows), self.map_batch):
             group = rows[start : start + self.map_batch]
             states, first_logits, prompts = [], [], []
-            for doc, chunk in group:  # chunks differ in length: each is read on its own...
+            for doc, chunk, prompt, _ in group:  # chunks differ in length: each is read on its own...
                 assert chunk.resets_state  # map-reduce: every chunk opens with the marker
                 self.progress = doc.progress
                 state = model.new_state(1)
                 state.restore(snapshot)  # the reset-state marker: back to "just read the instruction"
                 self.progress.counters["restores"] += 1
                 self._phase(chunk.index, "prefill")
-                prompts.append(tok.chat_suffix_ids(chunk.text, MAP_QUESTION))
-                first_logits.append(self._prefill(prompts[-1], state))
+                prompts.append(prompt)
+                first_logits.append(self._prefill(prompt, state))
                 states.append(state)
             # ...and their notes are written together: decoding is memory-bound, a batch costs
             # about what one sequence does
             batch = State.stack(states)
             states.clear()  # the batch holds its own copy: keep one copy of the rows' states alive
-            named = [(doc, chunk.index) for doc, chunk in group]
+            named = [(doc, chunk.index) for doc, chunk, _, _ in group]
             generations = self._generate(torch.cat(first_logits), batch, NOTES_WORDS, prompts, named, phase="notes")
             del batch
-            for (doc, _), generation in zip(group, generations):
-                note = clean_output(generation.text)
-                if note:
-                    doc.notes.append(note)
+            for (doc, chunk, _, key), generation in zip(group, generations):
+                doc.chunk_notes[chunk.index] = clean_output(generation.text)
+                if key is not None:  # kept as written, unusable ones too: they would be again
+                    self.cache.keep_notes(key, doc.chunk_notes[chunk.index])
 
     def _write_summaries(self, docs: list[_Document]) -> None:
         """The final summary of each document (from its notes, or its one chunk), decoded in
@@ -320,23 +352,19 @@ class ModelSummarizer:
 
     def _stream(self, doc: _Document) -> str:
         model, tok = self.s.model, self.s.tokenizer
-        state = model.new_state(1)
-        self._phase(None, "prefix")
         prefix = tok.chat_prefix_ids(None, STREAM_INSTRUCTION)
-        self._prefill(prefix, state)
-        self.progress.counters["prefix_prefills"] += 1
-        snapshot = state.snapshot()
-        read: list[int] = []  # the document's tokens: what the summary's drafts are looked up in
-        for chunk in doc.chunks:
-            if chunk.resets_state:  # stream: only the first chunk carries the marker
-                state.restore(snapshot)
-                self.progress.counters["restores"] += 1
-            self._phase(chunk.index, "prefill")
-            text = chunk.text if chunk.index == 0 else " " + chunk.text
-            ids = tok.chat_text_ids(text)
-            read += ids
-            self._prefill(ids, state)
-            state.keep_attention_window(keep_first=len(prefix), keep_last=STREAM_ATTENTION_WINDOW)
+        # each chunk's tokens; the summary's drafts are looked up in all of them
+        pieces = [tok.chat_text_ids(chunk.text if chunk.index == 0 else " " + chunk.text) for chunk in doc.chunks]
+        read = [token for piece in pieces for token in piece]
+        key = None if self.cache is None else self.cache.state_key(prefix, pieces, STREAM_ATTENTION_WINDOW)
+        state = model.new_state(1)
+        if key is not None and self.cache.load_state(key, state):
+            self.progress.counters["cached_chunks"] += len(doc.chunks)
+            self.notify(f"{doc.name}: the state after the document from the cache")
+        else:
+            self._read_document(doc, prefix, pieces, state)
+            if key is not None:
+                self.cache.keep_state(key, state)
         after_document = state.snapshot()
 
         def ask() -> tuple[torch.Tensor, object]:
@@ -345,6 +373,20 @@ class ModelSummarizer:
             return self._prefill(tok.chat_suffix_ids("", STREAM_QUESTION.format(words=doc.words, focus=self.focus)), state), state
 
         return self._final(ask, doc.words, read)
+
+    def _read_document(self, doc: _Document, prefix: list[int], pieces: list[list[int]], state) -> None:
+        """Read the instruction, then each chunk's tokens (`pieces`), into `state` in one pass."""
+        self._phase(None, "prefix")
+        self._prefill(prefix, state)
+        self.progress.counters["prefix_prefills"] += 1
+        snapshot = state.snapshot()
+        for chunk, ids in zip(doc.chunks, pieces):
+            if chunk.resets_state:  # stream: only the first chunk carries the marker
+                state.restore(snapshot)
+                self.progress.counters["restores"] += 1
+            self._phase(chunk.index, "prefill")
+            self._prefill(ids, state)
+            state.keep_attention_window(keep_first=len(prefix), keep_last=STREAM_ATTENTION_WINDOW)
 
     # -- the pieces ----------------------------------------------------------------------------
 
@@ -393,7 +435,7 @@ class ModelSummarizer:
         "summary").
         """
         started = time.perf_counter()
-        budget = int(words * TOKENS_PER_WORD) + 16
+        budget = token_budget(words)
         if rows is not None:
             self.progress.rows = [(doc.name, chunk) for doc, chunk in rows]
             self._phase(rows[0][1], "decode")

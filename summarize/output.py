@@ -16,6 +16,8 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn, TextIO
 
@@ -115,7 +117,19 @@ def is_up_to_date(job: Job, fingerprint: str) -> bool:
 
 def write_atomic(path: Path, text: str) -> None:
     """Write `text` to `path` so that readers see the old file or the whole new one, nothing
-    else; the temporary file is removed on any exception, KeyboardInterrupt included.
+    else (see `replacing`)."""
+    with replacing(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, _file_mode(path))
+
+
+@contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary file beside `path` for the caller to fill; it then replaces `path` in one
+    rename. The temporary file is removed on any exception, KeyboardInterrupt included.
 
     An OSError names `path`: the temporary file is ours, not something the user can act on.
     """
@@ -124,12 +138,9 @@ def write_atomic(path: Path, text: str) -> None:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.tmp")
     except OSError as exc:
         _raise_naming(exc, path)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, _file_mode(path))
+        yield Path(tmp)
         os.replace(tmp, path)
     except BaseException as exc:
         try:

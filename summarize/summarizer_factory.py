@@ -24,6 +24,7 @@ def make_summarizer(settings: Settings, ui: Reporter) -> Summarizer:
     # an extractive run never needs it.
     from summarize.engine import ModelNotAvailable
     from summarize.model_summarizer import ModelSummarizer
+    from summarize.read_cache import read_cache_for
     from summarize.session import load_session
 
     try:
@@ -44,6 +45,7 @@ def make_summarizer(settings: Settings, ui: Reporter) -> Summarizer:
             chunk_tokens=settings.chunk_tokens,
             overlap=settings.overlap,
             batch_memory=settings.batch_memory,
+            cache=read_cache_for(settings, session.model, ui.note),
             fallback=extractive,
             notify=ui.note,
             on_span=ui.span if ui.shows_live_state else None,

@@ -36,6 +36,10 @@ MAX_SPECULATE = 32
 # 8 rows of the 0.8B model (~40–60 MB a row), whatever the document's length.
 DEFAULT_BATCH_MEMORY = 2**30
 
+# What the cache of what was read may hold (read_cache.py): a chunk's notes take ~1 KB, the state
+# after a document ~70 MB (0.8B model, stream mode); the least recently used go first.
+DEFAULT_CACHE_SIZE = 4 * 2**30
+
 DEFAULT_CHUNK_TOKENS = 1536
 DEFAULT_OVERLAP = 128
 MIN_CHUNK_TOKENS, MAX_CHUNK_TOKENS = 64, 32768
@@ -69,6 +73,9 @@ class Settings:
     seed: int | None = None
     speculate: int = DEFAULT_SPECULATE  # output-invariant (greedy: the same tokens), so not fingerprinted
     batch_memory: int = DEFAULT_BATCH_MEMORY  # bytes for one map batch's states; not fingerprinted either
+    cache: bool = True  # keep and reuse what was read (read_cache.py); output-invariant, as are the next two
+    cache_dir: str | None = None  # None: $SUMMARIZE_CACHE_DIR, else the user's cache folder
+    cache_size: int = DEFAULT_CACHE_SIZE  # bytes
     diagnostics_file: str | None = None
     password: str | None = field(default=None, repr=False)
     verbose: bool = False

@@ -121,3 +121,12 @@ def image_only_pdf(tmp_path: Path) -> Path:
 def _no_network(monkeypatch):
     """Tests never reach a model hub: a hub id resolves from the local cache or not at all."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def read_cache_dir(monkeypatch, tmp_path_factory) -> Path:
+    """Each test keeps what its models read in a folder of its own, never in the user's cache
+    (a subprocess given a fresh environment must pass SUMMARIZE_CACHE_DIR on)."""
+    folder = tmp_path_factory.mktemp("read-cache")
+    monkeypatch.setenv("SUMMARIZE_CACHE_DIR", str(folder))
+    return folder

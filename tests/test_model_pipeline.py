@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +44,8 @@ def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess
     # fp32: tiny matrices are faster in fp32 than in bf16 on a CPU
     env_args = [sys.executable, "-m", "summarize", "--dtype", "float32", *args]
     return subprocess.run(env_args, input=stdin, capture_output=True, text=True, timeout=600,
-                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "NO_COLOR": "1"})
+                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "NO_COLOR": "1",
+                               "SUMMARIZE_CACHE_DIR": os.environ["SUMMARIZE_CACHE_DIR"]})
 
 
 def test_pdf_to_summary_with_diagnostics(model_dir, tmp_path):
@@ -303,7 +305,8 @@ def test_the_notes_cap_the_word_budget_of_a_long_document(model_dir, monkeypatch
 
 
 def test_speculation_changes_nothing_in_a_greedy_summary_and_is_reported(model_dir):
-    args = [str(sample_pdf()), "-m", str(model_dir), "-n", "60", "--temperature", "0", "--json"]
+    # --no-cache: the second run reads the document again rather than taking the first run's notes
+    args = [str(sample_pdf()), "-m", str(model_dir), "-n", "60", "--temperature", "0", "--json", "--no-cache"]
     plain, speculative = run_cli(*args, "--speculate", "0"), run_cli(*args)
     assert plain.returncode == speculative.returncode == 0, plain.stderr + speculative.stderr
     plain_record, speculative_record = json.loads(plain.stdout), json.loads(speculative.stdout)

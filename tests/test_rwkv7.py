@@ -357,7 +357,8 @@ def test_pdf_to_summary_with_a_pth(world_checkpoint, tmp_path, strategy):
         [sys.executable, "-m", "summarize", str(pdf), "-m", str(world_checkpoint), "-n", "50", "--dtype", "float32",
          "--strategy", strategy, "--diagnostics-file", str(diagnostics)],
         capture_output=True, text=True, timeout=600,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "NO_COLOR": "1", "OMP_NUM_THREADS": "1"},
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "NO_COLOR": "1", "OMP_NUM_THREADS": "1",
+             "SUMMARIZE_CACHE_DIR": os.environ["SUMMARIZE_CACHE_DIR"]},
     )
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr

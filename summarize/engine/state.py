@@ -405,12 +405,13 @@ class State:
         for layer in self.layers:
             layer.keep_window(keep_first, keep_last)
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path, metadata: dict[str, str] | None = None) -> None:
+        """Write the state as a safetensors file; `metadata` goes into its header beside the position."""
         tensors: dict[str, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             for name, tensor in layer.tensors().items():
                 tensors[f"layers.{i}.{name}"] = tensor.contiguous()
-        safetensors_file.write(path, tensors, metadata={"position": str(self.position)})
+        safetensors_file.write(path, tensors, metadata=(metadata or {}) | {"position": str(self.position)})
 
     def load(self, path: str | Path) -> None:
         """Load a state written by `save` into this one; the file must match these shapes."""
