@@ -2,7 +2,7 @@
 
     python bench/bench_first_run.py --folder /tmp/qwen3.5-0.8B-random [--doc FILE] [--eager]
 
-Runs `summarize DOC -n 300 --temperature 0 --json` (the sample PDF by default) in fresh processes
+Runs `summarize DOC -n 300 --temperature 0 --json --no-cache` (the sample PDF by default) in fresh processes
 over one inductor cache folder that starts empty (TORCHINDUCTOR_CACHE_DIR in a temporary folder):
 the first run (cold) compiles, the second (warm) reads what the first built. `--eager` adds a run
 with SUMMARIZE_COMPILE=0 for reference.
@@ -59,7 +59,7 @@ def first(lines: list[tuple[float, str]], pattern: str) -> tuple[float, re.Match
 
 def run(args, name: str, env: dict) -> dict:
     command = [sys.executable, "-m", "summarize", str(args.doc), "-m", args.folder, "-n", "300",
-               "--temperature", "0", "--json"]
+               "--temperature", "0", "--json", "--no-cache"]
     print(f"{name}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
     result = timed_lines(command, env)
     if result["code"] != 0:

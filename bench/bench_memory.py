@@ -60,7 +60,7 @@ def main() -> None:
                 doc = Path(tmp) / f"{kb}kb.txt"
                 doc.write_text(text_of(kb))
                 cmd = [sys.executable, "-m", "summarize", str(doc), "-m", args.model, "-n", "100", "-q",
-                       "--strategy", strategy, "--dtype", args.dtype]
+                       "--strategy", strategy, "--dtype", args.dtype, "--no-cache"]
                 if args.chunk_tokens:
                     cmd += ["--chunk-tokens", str(args.chunk_tokens)]
                 # a fresh interpreter per case, measured through a wrapper so maxima do not mix

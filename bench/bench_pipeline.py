@@ -19,7 +19,8 @@ median reported:
 - now: the defaults (8 chunks per batch within --batch-memory 1G; speculation on);
 - now, no speculation: --speculate 0;
 - now, int4: --quantize int4.
-Every run is `-n 300 --temperature 0 --json` on the model in --folder, in the machine's dtype.
+Every run is `-n 300 --temperature 0 --json --no-cache` (every chunk read, none taken from the cache)
+on the model in --folder, in the machine's dtype.
 Random weights never end an answer, so every note runs to its budget (80 words: 144 tokens) and
 so does the summary (300 words: 496 tokens); greedy, so a summary that ends in mid-sentence is
 not asked for again. What random weights write is no usable summary, so `summarize` falls back to
@@ -166,7 +167,7 @@ def timed(command: list[str], env: dict | None = None) -> dict:
 
 def run_summarize(args, document: Path, extra: list[str]) -> dict | None:
     command = [sys.executable, "-m", "summarize", str(document), "-m", args.folder, "-n", str(WORDS),
-               "--temperature", "0", "--json", *extra]
+               "--temperature", "0", "--json", "--no-cache", *extra]
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads)}
     run = timed(command, env)
     if run["code"] != 0:
