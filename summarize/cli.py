@@ -491,22 +491,4 @@ def _silence_stdout() -> None:
 
 
 def main() -> None:
-    try:
-        app(prog_name="summarize")
-    except SystemExit as done:
-        _leave_a_running_compiler_behind(done.code)
-        raise
-
-
-def _leave_a_running_compiler_behind(code: int | None) -> None:
-    """A first run's compiler thread (interrupted before it finished) cannot be stopped, and the
-    interpreter's shutdown would abort inside it: flush what was written and leave at once."""
-    compiled = sys.modules.get("summarize.engine.compiled")  # loaded only where a model ran
-    if compiled is None or not compiled.compiler_running():
-        return
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code or EXIT_OK)
+    app(prog_name="summarize")

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 import torch
 
 from summarize.engine import load_model, load_tokenizer
-from summarize.engine.compiled import CompilingSteps
 from summarize.engine.drafts import DraftCosts
 from summarize.engine.generate import SamplingParams
 from summarize.engine.tokenizer import Tokenizer
@@ -36,8 +35,8 @@ class ModelSession:
 def load_session(settings: Settings, notify: Callable[[str], None]) -> ModelSession:
     """Load the model named in `settings` with its tokenizer and stop ids (raises ModelNotAvailable)."""
     dtype = getattr(torch, settings.dtype) if settings.dtype else None
-    started = time.perf_counter()  # a later run on a CPU also loads the compiled steps: ~17 s
-    model = load_model(settings.model, device=settings.device, dtype=dtype, quantize=settings.quantize, on_compiled=notify)
+    started = time.perf_counter()  # a first run on a CPU also compiles the steps: ~80 s
+    model = load_model(settings.model, device=settings.device, dtype=dtype, quantize=settings.quantize)
     tokenizer, stop_ids = load_tokenizer(model)
     for note in model.load_notes:
         notify(note)
@@ -63,8 +62,6 @@ def _precision(model, settings: Settings) -> str:
 
 
 def _steps(model) -> str:
-    if isinstance(model.steps, CompilingSteps):
-        return "compiling its steps while it reads (the first run on this machine)"
     if model.compiled is None:
         return "eager steps"
     seconds = model.compiled.seconds  # a first run on a machine compiles; later ones read inductor's disk cache

@@ -7,7 +7,6 @@ different order from torch's GEMM); diagnostics within 1e-4 relative.
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 import torch
@@ -210,43 +209,3 @@ def test_an_unusable_cache_folder_leaves_torchs_default(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
     compiled.keep_kernels_across_reboots()
     assert compiled.CACHE_ENV not in os.environ
-
-
-def test_a_first_run_reads_eagerly_while_it_compiles_and_decodes_compiled(folder, models, monkeypatch, tmp_path):
-    """No compiled steps built on this machine yet: loading returns at once, prefill runs eagerly
-    beside the compiler, and the first decode step waits for it and runs compiled."""
-    eager = models[0]
-    stamp = tmp_path / "stamp"
-    monkeypatch.setattr(compiled, "_warm_stamp", lambda model: stamp)
-    release = threading.Event()  # holds the compiler back until the eager prefill is done
-    build = compiled._compiled_or_none
-    monkeypatch.setattr(compiled, "_compiled_or_none", lambda model: release.wait() and build(model))
-    notes: list[str] = []
-    model = load_model(folder, device="cpu", dtype=torch.float32, on_compiled=notes.append, compile=True)
-    assert isinstance(model.steps, compiled.CompilingSteps) and model.compiled is None
-    states = model.new_state(1), eager.new_state(1)
-    ids = prompt(40, seed=5)
-    assert_close(model.prefill(ids, states[0]), eager.prefill(ids, states[1]))
-    assert model.compiled is None  # read eagerly
-    threading.Timer(0.2, release.set).start()
-    assert_close(model.decode(torch.tensor([7]), states[0]), eager.decode(torch.tensor([7]), states[1]))
-    assert model.steps is model.compiled is not None
-    assert notes[0].startswith("waiting for the compiled decode step")
-    assert notes[1].startswith("compiled steps ready after")
-    assert stamp.exists()  # the next run compiles before it reads, from inductor's disk cache
-
-    again = load_model(folder, device="cpu", dtype=torch.float32, on_compiled=notes.append, compile=True)
-    assert again.steps is again.compiled is not None and len(notes) == 2
-
-
-def test_a_speculative_check_waits_for_the_compiler_as_a_decode_step_does(folder, monkeypatch, tmp_path):
-    monkeypatch.setattr(compiled, "_warm_stamp", lambda model: tmp_path / "stamp")
-    release = threading.Event()
-    build = compiled._compiled_or_none
-    monkeypatch.setattr(compiled, "_compiled_or_none", lambda model: release.wait() and build(model))
-    model = load_model(folder, device="cpu", dtype=torch.float32, on_compiled=lambda note: None, compile=True)
-    state = model.new_state(1)
-    model.prefill(prompt(9, seed=1), state)
-    threading.Timer(0.2, release.set).start()
-    model.verify(torch.tensor([[1, 2, 3]]), state)
-    assert model.steps is model.compiled is not None

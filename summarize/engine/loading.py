@@ -13,12 +13,11 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from summarize.engine.compiled import compile_in_background, compile_steps, wanted
+from summarize.engine.compiled import compile_steps, wanted
 from summarize.engine.family import Family
 from summarize.engine.gguf_file import SUFFIX as GGUF_SUFFIX
 from summarize.engine.gguf_file import GGUFFile
@@ -230,7 +229,6 @@ def load_model(
     *,
     compile: bool | None = None,
     quantize: str | None = None,
-    on_compiled: Callable[[str], None] | None = None,
 ):
     """Load a recurrent-state model from a local folder, a hub id or a family's weight file (an
     RWKV-6 or RWKV-7 `.pth`); see docs/design.md §5.
@@ -238,8 +236,7 @@ def load_model(
     `compile`: run prefill and decode steps through torch.compile (`compiled`); None decides by the
     environment (SUMMARIZE_COMPILE) and the model's size. `quantize`: weight-only "int8" (one scale
     per row) or "int4" (a scale and a zero per 64 input channels; CPU only), where the family
-    supports it. `on_compiled`: where given, a first run compiles while the model reads and says
-    through it when the compiled steps take over (`compiled.compile_in_background`).
+    supports it.
     """
     bound_kernel_caches()  # before the first kernel is built: memory that stays flat over chunks
     device = torch.device(device) if device is not None else default_device()
@@ -278,10 +275,7 @@ def load_model(
     release_free_memory()  # what loading (and quantizing) freed goes back to the OS
     weight_bytes = sum(b.nbytes for b in model.buffers())
     if compile if compile is not None else wanted(model, device, weight_bytes):
-        if on_compiled is not None:
-            compile_in_background(model, on_compiled)
-        else:
-            compile_steps(model)
+        compile_steps(model)
     return model
 
 

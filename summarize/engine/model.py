@@ -38,9 +38,6 @@ class Steps:
         hidden, stats = model.run_layers(token_ids[:, None], state, with_stats)
         return self.head(model, hidden[:, -1]), stats
 
-    def await_decode(self) -> None:
-        """Return once decoding may start (`compiled.CompilingSteps` waits for its compiler)."""
-
 
 EAGER_STEPS = Steps()
 
@@ -123,7 +120,6 @@ class RecurrentModel(nn.Module):
         """The logits of every position [B, T, V] of a span of drafted tokens [B, T] (the last
         sampled token, then the drafts). The state is only read: `accept` then lands each row after
         the tokens it keeps, without running any of them again (docs/design.md §8)."""
-        self.steps.await_decode()  # as a decode step would: never beside the compiler
         state.begin_draft()
         # eager: a draft's layer states record Python objects, which a compiled graph would not keep
         hidden, _ = self.run_layers(token_ids, state, with_stats=False, steps=EAGER_STEPS)
