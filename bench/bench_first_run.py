@@ -8,10 +8,8 @@ the first run (cold) compiles, the second (warm) reads what the first built. `--
 with SUMMARIZE_COMPILE=0 for reference.
 
 Every stderr line is time-stamped as it arrives. "first chunk" is the time from the command to the
-model's "ready in N s" note: the model starts reading right after it. A cold run compiles on a
-thread while it reads; "compiled" is when its compiled steps took over (the "compiled steps ready
-after" note), "waited" how long after the command the first decode step began waiting for them.
-Random weights never end an answer: every note and the summary run to their token budgets, and
+model's "ready in N s" note (which gives the compile's seconds): the model starts reading right
+after it. Random weights never end an answer: every note and the summary run to their token budgets, and
 `summarize` then falls back to an extractive summary (the model's timings are kept in --json).
 
 Last line: `first run: first chunk after X.X s cold (warm Y.Y s), whole job X.X s cold, Y.Y s warm`.
@@ -66,10 +64,8 @@ def run(args, name: str, env: dict) -> dict:
         sys.exit(f"{name} failed ({result['code']}): {result['lines'][-1:]}")
     record = json.loads(result["stdout"].splitlines()[-1])
     ready_at, _ = first(result["lines"], r"ready in \d+ s")
-    compiled_at, _ = first(result["lines"], r"compiled steps ready after")
-    waited_at, _ = first(result["lines"], r"waiting for the compiled decode step")
     _, steps = first(result["lines"], r"\((?:bfloat16|float32|float16)[^)]*\), (.*), ready in")
-    return dict(name=name, wall=result["wall"], first_chunk=ready_at, compiled=compiled_at, waited=waited_at,
+    return dict(name=name, wall=result["wall"], first_chunk=ready_at,
                 peak_rss=result["peak_rss"], phases=record.get("phase_seconds", {}),
                 steps=steps.group(1) if steps else "?")
 
@@ -94,12 +90,11 @@ def main() -> None:
             rows.append(run(args, "eager", env | {"SUMMARIZE_COMPILE": "0"}))
 
     print(f"{args.doc.name}, model {args.folder}")
-    print(f"{'run':<6} {'first chunk s':>13} {'compiled s':>10} {'waited at s':>11} {'prefill s':>9} "
+    print(f"{'run':<6} {'first chunk s':>13} {'prefill s':>9} "
           f"{'notes s':>8} {'summary s':>9} {'wall s':>7} {'peak RSS GB':>11}  steps")
     for row in rows:
         phases = row["phases"]
-        print(f"{row['name']:<6} {seconds(row['first_chunk']):>13} {seconds(row['compiled']):>10} "
-              f"{seconds(row['waited']):>11} {seconds(phases.get('prefill')):>9} {seconds(phases.get('notes')):>8} "
+        print(f"{row['name']:<6} {seconds(row['first_chunk']):>13} {seconds(phases.get('prefill')):>9} {seconds(phases.get('notes')):>8} "
               f"{seconds(phases.get('summary')):>9} {row['wall']:>7.1f} {row['peak_rss'] / 1e9:>11.2f}  {row['steps']}")
     cold, warm = rows[0], rows[1]
     print(f"first run: first chunk after {seconds(cold['first_chunk'])} s cold (warm {seconds(warm['first_chunk'])} s), "
