@@ -3,13 +3,15 @@
     python bench/bench_first_run.py --folder /tmp/qwen3.5-0.8B-random [--doc FILE] [--eager]
 
 Runs `summarize DOC -n 300 --temperature 0 --json --no-cache` (the sample PDF by default) in fresh processes
-over one inductor cache folder that starts empty (TORCHINDUCTOR_CACHE_DIR in a temporary folder):
-the first run (cold) compiles, the second (warm) reads what the first built. `--eager` adds a run
-with SUMMARIZE_COMPILE=0 for reference.
+over one inductor cache folder that starts empty (TORCHINDUCTOR_CACHE_DIR, and TMPDIR for the
+precompiled header inductor keeps there, in a temporary folder): the first run (cold) compiles,
+the second (warm) reads what the first built. `--eager` adds a run with SUMMARIZE_COMPILE=0 for
+reference.
 
 Every stderr line is time-stamped as it arrives. "first chunk" is the time from the command to the
-model's "ready in N s" note (which gives the compile's seconds): the model starts reading right
-after it. Random weights never end an answer: every note and the summary run to their token budgets, and
+model's "ready in N s" note (which gives the prefill compile's seconds): the model starts reading
+right after it. The decode step's graphs are compiled at the first decode of each batch size,
+inside the notes and summary phases, whose seconds include them. Random weights never end an answer: every note and the summary run to their token budgets, and
 `summarize` then falls back to an extractive summary (the model's timings are kept in --json).
 
 Last line: `first run: first chunk after X.X s cold (warm Y.Y s), whole job X.X s cold, Y.Y s warm`.
@@ -83,7 +85,7 @@ def main() -> None:
 
     rows = []
     with tempfile.TemporaryDirectory() as cache:
-        env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": cache}
+        env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": cache, "TMPDIR": cache}
         rows.append(run(args, "cold", env))
         rows.append(run(args, "warm", env))
         if args.eager:

@@ -32,11 +32,22 @@ class ModelSession:
     draft_costs: DraftCosts = field(default_factory=DraftCosts)  # what verifying costs here, learnt as it runs
 
 
-def load_session(settings: Settings, notify: Callable[[str], None]) -> ModelSession:
-    """Load the model named in `settings` with its tokenizer and stop ids (raises ModelNotAvailable)."""
+def load_session(settings: Settings, notify: Callable[[str], None],
+                 waiting: Callable[[str | None], None] | None = None) -> ModelSession:
+    """Load the model named in `settings` with its tokenizer and stop ids (raises ModelNotAvailable).
+
+    `waiting` is told what the user waits for while it lasts (a str), then that it is over (None):
+    loading, and the compiles a first run on a machine does (the decode step's come later, at
+    its first use)."""
     dtype = getattr(torch, settings.dtype) if settings.dtype else None
-    started = time.perf_counter()  # a first run on a CPU also compiles the steps: ~80 s
-    model = load_model(settings.model, device=settings.device, dtype=dtype, quantize=settings.quantize)
+    waiting = waiting or (lambda what: None)
+    started = time.perf_counter()  # a first run on a CPU also compiles the prefill step: ~30 s
+    waiting("loading the model")
+    try:
+        model = load_model(settings.model, device=settings.device, dtype=dtype, quantize=settings.quantize,
+                           announce=waiting)
+    finally:
+        waiting(None)
     tokenizer, stop_ids = load_tokenizer(model)
     for note in model.load_notes:
         notify(note)
@@ -65,4 +76,4 @@ def _steps(model) -> str:
     if model.compiled is None:
         return "eager steps"
     seconds = model.compiled.seconds  # a first run on a machine compiles; later ones read inductor's disk cache
-    return f"compiled steps ({seconds['prefill']:.0f} s prefill, {seconds['decode']:.0f} s decode)" if seconds else "compiled steps"
+    return f"compiled steps ({seconds['prefill']:.0f} s prefill)" if "prefill" in seconds else "compiled steps"

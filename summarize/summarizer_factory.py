@@ -28,7 +28,7 @@ def make_summarizer(settings: Settings, ui: Reporter) -> Summarizer:
     from summarize.session import load_session
 
     try:
-        session = load_session(settings, ui.note)
+        session = load_session(settings, ui.note, ui.waiting)
     except ModelNotAvailable as exc:
         ui.note(f"{exc}; writing an extractive summary instead")
         return extractive

@@ -7,6 +7,7 @@ are made printable here (`printable`: a file name may hold escape sequences), al
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections.abc import Sequence
 from typing import Any
@@ -39,6 +40,7 @@ class RichUI:
         self._total = 0
         self._live = None
         self._view = None
+        self._waiting: Waiting | None = None
 
     def _line(self, text: str, style: str | None = None) -> None:
         # A styled Text, not print(style=...): that style would also paint a live progress bar.
@@ -83,7 +85,7 @@ class RichUI:
     def __rich__(self):
         from rich.console import Group
 
-        return Group(*(part for part in (self._progress, self._view) if part is not None))
+        return Group(*(part for part in (self._progress, self._view, self._waiting) if part is not None))
 
     def file_finished(self, result: Result) -> None:
         if self._progress is not None:
@@ -133,12 +135,30 @@ class RichUI:
         if self._view is not None:
             self._view.update(report)
 
+    def waiting(self, what: str | None) -> None:
+        """What the user waits for (loading, compiling), shown with its seconds until None comes."""
+        if not self.console.is_terminal:
+            return
+        self._waiting = None if what is None else Waiting(what)
+        if what is not None:
+            self._start_live()
+
     def close(self) -> None:
         """Stop the live displays (also on errors and interrupts, so the cursor comes back)."""
         if self._live is not None:
             self._live.stop()
             self._live = None
-        self._progress = self._view = None
+        self._progress = self._view = self._waiting = None
+
+
+class Waiting:
+    """A line of the live display: what is going on, and for how many seconds so far."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.started = printable(what), time.perf_counter()
+
+    def __rich__(self) -> Text:
+        return Text(f"{self.what}…  {time.perf_counter() - self.started:,.0f} s", style="dim")
 
 
 class QuietUI(RichUI):
@@ -162,4 +182,7 @@ class QuietUI(RichUI):
         pass
 
     def span(self, progress: ModelProgress, report: Any) -> None:
+        pass
+
+    def waiting(self, what: str | None) -> None:
         pass

@@ -70,13 +70,12 @@ def test_compiled_steps_equal_eager_steps_with_their_diagnostics(models):
                     assert got == pytest.approx(want, rel=1e-4)
 
 
-def test_one_graph_decodes_across_a_growing_cache_without_recompiling(models):
-    """The whole-model decode step writes at a slot and reads the whole cache buffer: when the
-    buffer grows (256 → 512 positions here), the same graph goes on, with the same logits."""
+def test_decode_steps_go_on_across_a_growing_cache_without_recompiling(models):
+    """Attention over the cache runs between the compiled graphs: when the cache's buffer grows
+    (256 → 512 positions here), the same graphs go on, with the same logits."""
     from torch._dynamo.utils import counters
 
     eager, compiled = models
-    assert compiled.compiled.decode_step is not None
     states = eager.new_state(1), compiled.new_state(1)
     for model, state in zip((eager, compiled), states):
         model.prefill(prompt(253, seed=6), state)
@@ -90,6 +89,19 @@ def test_one_graph_decodes_across_a_growing_cache_without_recompiling(models):
     assert capacities == {256, 512}
     assert counters["stats"]["unique_graphs"] == graphs
     assert states[1].kv_tokens == states[0].kv_tokens == 259
+
+
+def test_loading_compiles_prefill_and_each_batch_size_compiles_its_decode_step_when_first_used(folder):
+    """A first run starts reading once the prefill graphs are built; the decode step of a batch
+    size is compiled at its first step, which is announced while it lasts, and only then."""
+    heard = []
+    model = load_model(folder, device="cpu", dtype=torch.float32, compile=True, announce=heard.append)
+    assert heard == ["compiling the prefill step", None]
+    assert set(model.compiled.seconds) == {"prefill"}
+    for rows in (2, 2, 1, 2, 1):
+        model.decode(torch.tensor([5] * rows), model.new_state(rows))
+    assert heard[2:] == ["compiling the decode step for 2 rows", None, "compiling the decode step for 1 row", None]
+    assert set(model.compiled.seconds) == {"prefill", "decode B=2", "decode B=1"}
 
 
 @pytest.mark.parametrize("length", [2, 45, 70])  # shortest; chunks of the delta rule and a rest

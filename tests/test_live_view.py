@@ -57,3 +57,30 @@ def test_a_new_input_starts_a_new_sparkline_and_only_the_latest_chunks_are_shown
     for chunk in range(2, SPARK_WIDTH + 10):
         read(view, "b.pdf", chunk, (float(chunk), 0.0))
     assert len(rows(view)["0"]) == SPARK_WIDTH
+
+
+def test_a_wait_is_shown_with_its_seconds_until_it_is_over():
+    from summarize.ui import RichUI
+
+    buffer = io.StringIO()
+    ui = RichUI(console=Console(file=buffer, force_terminal=True, width=200, color_system=None))
+    ui.waiting("compiling the decode step for 8 rows")
+    shown = io.StringIO()
+    Console(file=shown, width=200).print(ui)
+    assert "compiling the decode step for 8 rows…  0 s" in shown.getvalue()
+    ui.waiting(None)
+    shown = io.StringIO()
+    Console(file=shown, width=200).print(ui)
+    assert "compiling" not in shown.getvalue()
+    ui.close()
+
+
+def test_off_a_terminal_a_wait_shows_nothing():
+    from summarize.ui import RichUI
+
+    buffer = io.StringIO()
+    ui = RichUI(console=Console(file=buffer, width=200))
+    ui.waiting("loading the model")
+    ui.waiting(None)
+    ui.close()
+    assert buffer.getvalue() == ""

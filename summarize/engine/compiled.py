@@ -3,13 +3,16 @@ back to eager execution.
 
 Decoding one token is memory-bound: compiled, each layer becomes a few fused loops and every
 projection a streaming reduction (`ops.linear`), where eagerly torch's CPU GEMM reads the weights
-slowly for one row and the small ops around each layer add their own passes. Prefill compiles
-with dynamic shapes, so one graph per layer kind serves every length; the delta rule stays one
-opaque op. A family with `whole_decode_step` decodes one sequence as one graph (every layer and
-the head), which saves the per-layer calls' overhead. Decode graphs are specialised on the batch
-size. Inductor caches what it built on disk (`~/.cache/summarize/torchinductor`, or under
-`XDG_CACHE_HOME`; `TORCHINDUCTOR_CACHE_DIR` wins), so later processes start faster. If compiling
-fails, the model stays eager and says so once on stderr. Figures: docs/performance.md.
+slowly for one row and the small ops around each layer add their own passes. One compiled
+function serves every layer of a kind (its weights are the graph's inputs), so a model compiles
+a handful of small graphs, not one per layer. Prefill compiles with dynamic shapes, so one graph
+per layer kind serves every length; the delta rule stays one opaque op. Decode graphs are
+specialised on the batch size and compiled when a batch of that size first decodes: loading
+compiles the prefill graphs only, so a first run starts reading as soon as they are built.
+`announce` hears of each compile while it runs. Inductor caches what it built on disk
+(`~/.cache/summarize/torchinductor`, or under `XDG_CACHE_HOME`; `TORCHINDUCTOR_CACHE_DIR` wins),
+so later processes start faster. If compiling fails, the model stays eager and says so once on
+stderr. Figures: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -42,17 +46,16 @@ def _head(model, hidden: Tensor) -> Tensor:
 
 class CompiledSteps(Steps):
     """A model's layers and head through torch.compile: one graph per layer kind for decode
-    (T = 1) and one with dynamic shapes for prefill; and, where the family has one, the whole
-    one-sequence decode step as one graph."""
+    (T = 1, per batch size) and one with dynamic shapes for prefill."""
 
-    def __init__(self, model) -> None:
-        self.seconds: dict[str, float] = {}  # what compiling took, by kind of step (filled by `compile_steps`)
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}  # what compiling took, by step ("prefill", "decode B=8")
+        # Told what is being compiled while it is (a str), then that it is done (None).
+        self.announce: Callable[[str | None], None] | None = None
         self.decode_layer = torch.compile(_layer_step, dynamic=False)
         # a code object of its own: compiled graphs are cached per code object
         self.prefill_layer = torch.compile(lambda *args: _layer_step(*args), dynamic=True)
         self.head_step = torch.compile(_head, dynamic=False)
-        whole = model.whole_decode_step
-        self.decode_step = torch.compile(whole, dynamic=False) if whole is not None else None
 
     def layer(self, layer, x: Tensor, layer_state, context, with_stats: bool):
         step = self.decode_layer if x.shape[1] == 1 else self.prefill_layer
@@ -62,10 +65,22 @@ class CompiledSteps(Steps):
         return self.head_step(model, hidden)
 
     def decode(self, model, token_ids: Tensor, state, with_stats: bool):
-        if self.decode_step is None or token_ids.shape[0] != 1:
+        rows = token_ids.shape[0]
+        step = f"decode B={rows}" + (" with diagnostics" if with_stats else "")
+        if step in self.seconds:
             return super().decode(model, token_ids, state, with_stats)
-        logits, stats = model.decode_through(self.decode_step, token_ids, state)
-        return logits, stats if with_stats else None  # as layer by layer: unread stats are not checked
+        # The first step of this batch size compiles its graphs (or reads them from disk).
+        self._say(f"compiling the decode step for {rows} row{'s' if rows > 1 else ''}")
+        started = time.perf_counter()
+        try:
+            return super().decode(model, token_ids, state, with_stats)
+        finally:
+            self.seconds[step] = time.perf_counter() - started
+            self._say(None)
+
+    def _say(self, what: str | None) -> None:
+        if self.announce is not None:
+            self.announce(what)
 
 
 def wanted(model, device: torch.device, weight_bytes: int) -> bool:
@@ -76,26 +91,30 @@ def wanted(model, device: torch.device, weight_bytes: int) -> bool:
     return setting == "1" or weight_bytes >= MIN_WEIGHT_BYTES
 
 
-def compile_steps(model) -> bool:
-    """Run `model`'s steps compiled from now on, checked first on scratch states.
+def compile_steps(model, announce: Callable[[str | None], None] | None = None) -> bool:
+    """Run `model`'s steps compiled from now on: the prefill graphs are built (and checked) now
+    on a scratch state, the decode graphs on first use.
 
-    Returns whether the model now runs compiled; on any failure it stays eager.
+    Returns whether the model now runs compiled; on any failure it stays eager. `announce`:
+    `CompiledSteps.announce`.
     """
     # One compiled function serves every layer of a kind; variants: kind × batch size ×
     # diagnostics on/off × stacked rows. The default limit (8) would be reached.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     eager = model.steps
-    model.steps = model.compiled = CompiledSteps(model)
+    model.steps = model.compiled = CompiledSteps()
+    model.compiled.announce = announce
     try:
         from torch._inductor import inductor_prims  # noqa: F401 - registers the prim `ops.linear` uses (1 s to import)
 
         zeros = torch.zeros(1, WARM_UP_TOKENS, dtype=torch.long, device=model.device)
         started = time.perf_counter()
-        model.prefill(zeros, model.new_state(1))
-        prefilled = time.perf_counter()
-        model.decode(zeros[:, 0], model.new_state(1))
-        model.compiled.seconds = {"prefill": prefilled - started, "decode": time.perf_counter() - prefilled}
+        model.compiled._say("compiling the prefill step")
+        model.prefill(zeros, model.new_state(1))  # decode graphs compile on first use
+        model.compiled.seconds["prefill"] = time.perf_counter() - started
+        model.compiled._say(None)
     except Exception as e:  # noqa: BLE001 - any compiler failure means: run eagerly
+        model.compiled._say(None)
         model.steps, model.compiled = eager, None
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
         print(f"summarize: running without torch.compile ({first_line[:200]})", file=sys.stderr)

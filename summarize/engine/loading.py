@@ -229,6 +229,7 @@ def load_model(
     *,
     compile: bool | None = None,
     quantize: str | None = None,
+    announce=None,
 ):
     """Load a recurrent-state model from a local folder, a hub id or a family's weight file (an
     RWKV-6 or RWKV-7 `.pth`); see docs/design.md §5.
@@ -236,7 +237,7 @@ def load_model(
     `compile`: run prefill and decode steps through torch.compile (`compiled`); None decides by the
     environment (SUMMARIZE_COMPILE) and the model's size. `quantize`: weight-only "int8" (one scale
     per row) or "int4" (a scale and a zero per 64 input channels; CPU only), where the family
-    supports it.
+    supports it. `announce` hears what is being compiled while it is (`CompiledSteps.announce`).
     """
     bound_kernel_caches()  # before the first kernel is built: memory that stays flat over chunks
     device = torch.device(device) if device is not None else default_device()
@@ -275,7 +276,7 @@ def load_model(
     release_free_memory()  # what loading (and quantizing) freed goes back to the OS
     weight_bytes = sum(b.nbytes for b in model.buffers())
     if compile if compile is not None else wanted(model, device, weight_bytes):
-        compile_steps(model)
+        compile_steps(model, announce)
     return model
 
 

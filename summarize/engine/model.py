@@ -48,9 +48,6 @@ class RecurrentModel(nn.Module):
     family: str  # the registry's name for the family
     prefill_block_tokens = 1024  # prefill runs in blocks of at most this many tokens: bounded activations
     compiles = False  # whether its steps may be compiled (`compiled.wanted`)
-    # (model, x [1, 1, H], layer_states, context, slot, with_stats) -> (logits, stats): every layer
-    # and the head for one sequence's token, for a compiled step to run through `decode_through`
-    whole_decode_step = None
     layers: nn.ModuleList
 
     def __init__(self) -> None:
@@ -75,10 +72,6 @@ class RecurrentModel(nn.Module):
 
     def logits(self, hidden: Tensor) -> Tensor:
         """The final norm and the head: hidden [..., H] → logits [..., V]."""
-        raise NotImplementedError
-
-    def decode_through(self, step, token_ids: Tensor, state: State) -> tuple[Tensor, LayerStats]:
-        """One token per row through `whole_decode_step` (or its compiled form)."""
         raise NotImplementedError
 
     @property

@@ -21,7 +21,7 @@ from summarize.engine import qwen3_5_gguf
 from summarize.engine.diagnostics import RecurrenceStats
 from summarize.engine.family import Family
 from summarize.engine.model import RecurrentModel
-from summarize.engine.ops.attention import apply_rotary, attend, attend_at_slot
+from summarize.engine.ops.attention import apply_rotary, attend
 from summarize.engine.ops.causal_conv import causal_conv_silu
 from summarize.engine.ops.gated_delta_rule import GATED_DELTA_RULE
 from summarize.engine.ops.linear import QUANTIZATIONS, Int8Rows, Projection, quantized
@@ -399,21 +399,18 @@ class DecoderLayer(nn.Module):
         self.eps = cfg.rms_norm_eps
 
     def forward(
-        self, x: Tensor, layer_state: LayerState, rotary: tuple[Tensor, Tensor], with_stats: bool,
-        slot: Tensor | None = None,
+        self, x: Tensor, layer_state: LayerState, rotary: tuple[Tensor, Tensor], with_stats: bool
     ) -> tuple[Tensor, RecurrenceStats | None]:
-        """One layer over x [B, T, H]. `slot` ([1]): decoding one token inside a compiled step
-        that spans the whole model, where the token's keys go (see `attend_at_slot`)."""
+        """One layer over x [B, T, H]."""
         h = rms_norm(x, self.input_norm, self.eps)
         if self.kind == "linear_attention":
             h, stats = self.mixer(h, layer_state, with_stats)
         else:
-            # Elsewhere `attend` runs eagerly (the cache grows), so a compiled layer step breaks
-            # there. Called here rather than inside the mixer, the step resumes in one graph
-            # (output projection, residual, MLP) instead of one per nested call.
+            # `attend` runs eagerly (the cache grows), so a compiled layer step breaks there.
+            # Called here rather than inside the mixer, the step resumes in one graph (output
+            # projection, residual, MLP) instead of one per nested call.
             q, k, v, gate = self.mixer.project(h, rotary)
-            attended = attend(q, k, v, layer_state) if slot is None else attend_at_slot(q, k, v, layer_state, slot)
-            h, stats = self.mixer.finish(attended, gate), None
+            h, stats = self.mixer.finish(attend(q, k, v, layer_state), gate), None
         x = x + h
         return x + self.mlp(rms_norm(x, self.post_norm, self.eps)), stats
 
@@ -446,8 +443,6 @@ class Qwen35Model(RecurrentModel):
         rotary_dim = int(cfg.head_dim * cfg.partial_rotary_factor)
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
         self.register_buffer("inv_freq", inv_freq.to(self.embed_tokens.weight.device))
-        # MoE layers dispatch eagerly: their decode keeps one graph per layer
-        self.whole_decode_step = None if cfg.num_experts else _decode_step
 
     @property
     def dtype(self) -> torch.dtype:
@@ -490,35 +485,6 @@ class Qwen35Model(RecurrentModel):
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self.lm_head(rms_norm(hidden, self.final_norm, self.cfg.rms_norm_eps))
-
-    def decode_through(self, step, token_ids: Tensor, state: State) -> tuple[Tensor, list]:
-        """One token through `step`, a `_decode_step` spanning every layer and the head.
-
-        The attention layers write their keys at a slot given as a tensor and read their whole
-        buffer, whose length is a dynamic dimension: one compiled graph serves every cache length.
-        """
-        caches = [s for layer, s in zip(self.layers, state.layers) if layer.kind == "full_attention"]
-        length = state.kv_tokens
-        for cache in caches:
-            cache.reserve(length + 1)
-            torch._dynamo.mark_dynamic(cache.keys, 2)
-            torch._dynamo.mark_dynamic(cache.values, 2)
-        slot = torch.tensor([length], device=self.device)
-        # Always with the diagnostics: one graph to compile, not two, for about 1% of a step
-        logits, stats = step(self, self.embed(token_ids[:, None]), state.layers, self.span_context(state, 1), slot, True)
-        for cache in caches:
-            cache.length = length + 1
-        state.advance(1)
-        return logits, stats
-
-
-def _decode_step(model: Qwen35Model, x: Tensor, layer_states: list, rotary, slot: Tensor, with_stats: bool):
-    """Every layer and the head for one token per row → (logits [B, V], per-layer stats)."""
-    stats = []
-    for layer, layer_state in zip(model.layers, layer_states):
-        x, layer_stats = layer(x, layer_state, rotary, with_stats, slot)
-        stats.append(layer_stats)
-    return model.logits(x[:, -1]), stats
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,4 @@
-"""Attention over a KV cache, in the forms the engine needs: a span, one token, one token at a slot
-inside a compiled step; and the rotary embedding of queries and keys.
+"""Attention over a KV cache, in the forms the engine needs: a span and one token; and the rotary embedding of queries and keys.
 
 Shapes: q [B, H, T, D]; k, v [B, H_kv, T, D] with H a multiple of H_kv (grouped-query attention:
 query head h reads key head h // (H / H_kv)); a `KVCache` holds [B, H_kv, capacity, D].
@@ -48,34 +47,21 @@ def token_major(x: Tensor) -> Tensor:
     return x.transpose(1, 2).contiguous().transpose(1, 2)
 
 
-def attend_one_token(q: Tensor, keys: Tensor, values: Tensor, hidden: Tensor | None, last: Tensor | None = None) -> Tensor:
+def attend_one_token(q: Tensor, keys: Tensor, values: Tensor, hidden: Tensor | None) -> Tensor:
     """One query per row, q [B, H, 1, D], over the whole cache [B, H_kv, L, D], in fp32.
 
     Two small products: on a CPU they beat torch's flash kernel for a single query several
     times over, with fp32 scores as exact as the math kernel's. A row never sees the keys that
-    `hidden` ([B, L] bool) marks; with `last` ([1]) keys after it are not seen either.
+    `hidden` ([B, L] bool) marks.
     """
     B, H, _, D = q.shape
-    kv_heads, length = keys.shape[1], keys.shape[2]
+    kv_heads = keys.shape[1]
     grouped = q.reshape(B, kv_heads, H // kv_heads, D).float()  # query head h reads kv head h // group
     scores = torch.matmul(grouped, keys.transpose(-1, -2).float()).mul_(D**-0.5)  # [B, H_kv, group, L]
     if hidden is not None:
         scores.masked_fill_(hidden[:, None, None, :], float("-inf"))
-    if last is not None:
-        scores.masked_fill_(torch.arange(length, device=q.device) > last, float("-inf"))
     out = torch.matmul(scores.softmax(dim=-1), values.float())
     return out.reshape(B, H, 1, D).to(q.dtype)
-
-
-def attend_at_slot(q: Tensor, k: Tensor, v: Tensor, cache: KVCache, slot: Tensor) -> Tensor:
-    """One new token per row inside a compiled decode step: write k, v [B, H_kv, 1, D] at
-    position `slot` ([1], a tensor, so the step does not depend on the cache's length) and attend
-    with q [B, H, 1, D] over the whole buffer, up to the slot → [B, H, 1, D]. The caller has
-    reserved the slot; unused positions hold finite values (masked, they weigh 0).
-    """
-    cache.keys.index_copy_(2, slot, k)
-    cache.values.index_copy_(2, slot, v)
-    return attend_one_token(q, cache.keys, cache.values, cache.hidden, last=slot)
 
 
 def attend_past_then_new(q: Tensor, keys: Tensor, values: Tensor, past: int) -> Tensor:
