@@ -30,6 +30,7 @@ from summarize.engine.model import Steps
 
 ENV = "SUMMARIZE_COMPILE"  # "0": never compile, "1": always (where the device allows)
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # where inductor keeps the kernels it built
+ISA_CHECK_ENV = "TORCHINDUCTOR_VEC_ISA_OK"  # set: inductor's own choice about probing the CPU's vector ISAs
 MIN_WEIGHT_BYTES = 200 * 2**20  # below this, compiling takes longer than it saves
 # Tokens of the prefill warm-up: a length that equals no other dimension, so that the graph
 # keeps the length symbolic rather than tying it to a model size
@@ -101,6 +102,7 @@ def compile_steps(model, announce: Callable[[str | None], None] | None = None) -
     # One compiled function serves every layer of a kind; variants: kind × batch size ×
     # diagnostics on/off × stacked rows. The default limit (8) would be reached.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    trust_the_cpus_vector_flags()
     eager = model.steps
     model.steps = model.compiled = CompiledSteps()
     model.compiled.announce = announce
@@ -120,6 +122,15 @@ def compile_steps(model, announce: Callable[[str | None], None] | None = None) -
         print(f"summarize: running without torch.compile ({first_line[:200]})", file=sys.stderr)
         return False
     return True
+
+
+def trust_the_cpus_vector_flags() -> None:
+    """Let inductor take the vector ISAs the CPU reports (/proc/cpuinfo) without proving each one
+    by compiling and loading a probe program: the probes cost a first run ~7 s and every later
+    process ~1 s. Should the compiler fail to build for the ISA after all, the prefill compile at
+    load fails and the model runs eagerly (`compile_steps`)."""
+    if os.environ.get(ISA_CHECK_ENV) is None:
+        torch._inductor.config.cpp.vec_isa_ok = True
 
 
 def keep_kernels_across_reboots() -> None:
