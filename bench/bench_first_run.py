@@ -11,8 +11,9 @@ reference.
 Every stderr line is time-stamped as it arrives. "first chunk" is the time from the command to the
 model's "ready in N s" note (which gives the prefill compile's seconds): the model starts reading
 right after it. The decode step's graphs are compiled at the first decode of each batch size,
-inside the notes and summary phases, whose seconds include them. Random weights never end an answer: every note and the summary run to their token budgets, and
-`summarize` then falls back to an extractive summary (the model's timings are kept in --json).
+inside the notes and summary phases, whose seconds include them. Random weights never end an
+answer: every note and the summary run to their token budgets, and `summarize` then falls back to
+an extractive summary (the model's timings are kept in --json).
 
 Last line: `first run: first chunk after X.X s cold (warm Y.Y s), whole job X.X s cold, Y.Y s warm`.
 """

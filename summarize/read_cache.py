@@ -42,18 +42,13 @@ from safetensors import safe_open
 from summarize.errors import SummarizeError
 from summarize.output import replacing, write_atomic
 from summarize.types import Settings
+from summarize.user_cache import user_cache_folder
 
 # Bump when the same key starts meaning other contents (the generation or the entries' layout
 # change): entries of an older format are then misses.
 CACHE_FORMAT = 1
 CACHE_DIR_ENV = "SUMMARIZE_CACHE_DIR"
 NOTES, STATES = "notes", "states"  # the cache's subfolders: all it counts and evicts
-
-
-def user_cache_folder() -> Path:
-    """`$XDG_CACHE_HOME/summarize`, else `~/.cache/summarize`: where summarize keeps what lasts."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "summarize"
 
 
 def read_cache_for(settings: Settings, model, notify: Callable[[str], None]) -> ReadCache | None:

@@ -21,12 +21,12 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from summarize.engine.model import Steps
+from summarize.user_cache import user_cache_folder
 
 ENV = "SUMMARIZE_COMPILE"  # "0": never compile, "1": always (where the device allows)
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # where inductor keeps the kernels it built
@@ -141,8 +141,7 @@ def keep_kernels_across_reboots() -> None:
     """
     if os.environ.get(CACHE_ENV):
         return
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    folder = Path(base) / "summarize" / "torchinductor"
+    folder = user_cache_folder() / "torchinductor"
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError:
