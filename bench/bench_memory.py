@@ -1,6 +1,6 @@
 """Peak memory of whole `summarize` runs: does it stay flat as the document grows?
 
-    python bench/bench_memory.py MODEL_DIR [--small-kb 6] [--large-kb 300] [--chunk-tokens N]
+    python bench/bench_memory.py MODEL_DIR [--small-kb 6] [--large-kb 300] [--chunk-tokens N] [--strategies map-reduce]
 
 Runs the CLI in a fresh process per case (map-reduce and stream, a small and a large text made
 from the bundled sample) and prints peak RSS side by side with the ratio large / small. Also
@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--large-kb", type=int, default=300)
     parser.add_argument("--chunk-tokens", type=int, default=None)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--strategies", default="map-reduce,stream", help="comma-separated: map-reduce, stream")
     args = parser.parse_args()
 
     out = subprocess.run([sys.executable, "-c", LOAD_ONLY, args.model, args.dtype], check=True,
@@ -54,7 +55,7 @@ def main() -> None:
           f"({load_peak / weight_bytes:.2f}x weights)")
     print(f"{'strategy':<11} {'text':>7} {'peak RSS MiB':>13} {'seconds':>8}")
     with tempfile.TemporaryDirectory() as tmp:
-        for strategy in ("map-reduce", "stream"):
+        for strategy in args.strategies.split(","):
             peaks = {}
             for kb in (args.small_kb, args.large_kb):
                 doc = Path(tmp) / f"{kb}kb.txt"
