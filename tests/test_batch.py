@@ -59,6 +59,9 @@ class RecordingUI:
     def results_table(self, results):
         self.events.append(("table", [r.status for r in results]))
 
+    def waiting(self, what):
+        self.events.append(("waiting", what))
+
     def close(self):
         pass
 
