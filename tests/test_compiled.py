@@ -221,3 +221,21 @@ def test_an_unusable_cache_folder_leaves_torchs_default(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
     compiled.keep_kernels_across_reboots()
     assert compiled.CACHE_ENV not in os.environ
+
+
+def test_a_decode_step_that_fails_to_compile_runs_eagerly_with_the_same_logits(folder, capsys):
+    """A decode graph is first built on a scratch state: if that fails, the real state is left as
+    it was and every step of the run decodes eagerly, said once on stderr."""
+    eager = load_model(folder, device="cpu", dtype=torch.float32, compile=False)
+    model = load_model(folder, device="cpu", dtype=torch.float32, compile=True)
+
+    def fails_to_compile(*args):
+        raise RuntimeError("C++ compile failed: no such compiler")
+
+    model.compiled.decode_layer = fails_to_compile
+    states = eager.new_state(1), model.new_state(1)
+    for m, state in zip((eager, model), states):
+        m.prefill(prompt(9, seed=3), state)
+    for token in (4, 8, 1):
+        assert_close(model.decode(torch.tensor([token]), states[1]), eager.decode(torch.tensor([token]), states[0]))
+    assert capsys.readouterr().err.count("running without torch.compile (C++ compile failed") == 1

@@ -11,8 +11,8 @@ specialised on the batch size and compiled when a batch of that size first decod
 compiles the prefill graphs only, so a first run starts reading as soon as they are built.
 `announce` hears of each compile while it runs. Inductor caches what it built on disk
 (`~/.cache/summarize/torchinductor`, or under `XDG_CACHE_HOME`; `TORCHINDUCTOR_CACHE_DIR` wins),
-so later processes start faster. If compiling fails, the model stays eager and says so once on
-stderr. Figures: docs/performance.md.
+so later processes start faster. If compiling fails (the prefill graphs at load, a decode graph at
+its first step, tried on a scratch state), the model runs eagerly from there and says so on stderr. Figures: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -68,20 +68,29 @@ class CompiledSteps(Steps):
     def decode(self, model, token_ids: Tensor, state, with_stats: bool):
         rows = token_ids.shape[0]
         step = f"decode B={rows}" + (" with diagnostics" if with_stats else "")
-        if step in self.seconds:
-            return super().decode(model, token_ids, state, with_stats)
-        # The first step of this batch size compiles its graphs (or reads them from disk).
-        self._say(f"compiling the decode step for {rows} row{'s' if rows > 1 else ''}")
-        started = time.perf_counter()
-        try:
-            return super().decode(model, token_ids, state, with_stats)
-        finally:
-            self.seconds[step] = time.perf_counter() - started
-            self._say(None)
+        if step not in self.seconds:
+            # This batch size's first step compiles its graphs (or reads them from disk), on a
+            # scratch state: should compiling fail, the real state is untouched and runs eagerly.
+            self.say(f"compiling the decode step for {rows} row{'s' if rows > 1 else ''}")
+            started = time.perf_counter()
+            try:
+                super().decode(model, token_ids, model.new_state(rows), with_stats)
+            except Exception as e:  # noqa: BLE001 - any compiler failure means: decode eagerly
+                self.decode_layer = _layer_step
+                _say_eager(e)
+            finally:
+                self.seconds[step] = time.perf_counter() - started
+                self.say(None)
+        return super().decode(model, token_ids, state, with_stats)
 
-    def _say(self, what: str | None) -> None:
+    def say(self, what: str | None) -> None:
         if self.announce is not None:
             self.announce(what)
+
+
+def _say_eager(error: Exception) -> None:
+    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    print(f"summarize: running without torch.compile ({first_line[:200]})", file=sys.stderr)
 
 
 def wanted(model, device: torch.device, weight_bytes: int) -> bool:
@@ -103,24 +112,23 @@ def compile_steps(model, announce: Callable[[str | None], None] | None = None) -
     # diagnostics on/off × stacked rows. The default limit (8) would be reached.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     trust_the_cpus_vector_flags()
-    eager = model.steps
-    model.steps = model.compiled = CompiledSteps()
-    model.compiled.announce = announce
+    eager, steps = model.steps, CompiledSteps()
+    model.steps = model.compiled = steps
+    steps.announce = announce
+    steps.say("compiling the prefill step")
     try:
         from torch._inductor import inductor_prims  # noqa: F401 - registers the prim `ops.linear` uses (1 s to import)
 
         zeros = torch.zeros(1, WARM_UP_TOKENS, dtype=torch.long, device=model.device)
         started = time.perf_counter()
-        model.compiled._say("compiling the prefill step")
         model.prefill(zeros, model.new_state(1))  # decode graphs compile on first use
-        model.compiled.seconds["prefill"] = time.perf_counter() - started
-        model.compiled._say(None)
+        steps.seconds["prefill"] = time.perf_counter() - started
     except Exception as e:  # noqa: BLE001 - any compiler failure means: run eagerly
-        model.compiled._say(None)
         model.steps, model.compiled = eager, None
-        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        print(f"summarize: running without torch.compile ({first_line[:200]})", file=sys.stderr)
+        _say_eager(e)
         return False
+    finally:
+        steps.say(None)
     return True
 
 

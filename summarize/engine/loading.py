@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -229,7 +230,7 @@ def load_model(
     *,
     compile: bool | None = None,
     quantize: str | None = None,
-    announce=None,
+    announce: Callable[[str | None], None] | None = None,
 ):
     """Load a recurrent-state model from a local folder, a hub id or a family's weight file (an
     RWKV-6 or RWKV-7 `.pth`); see docs/design.md §5.

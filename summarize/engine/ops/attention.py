@@ -1,4 +1,5 @@
-"""Attention over a KV cache, in the forms the engine needs: a span and one token; and the rotary embedding of queries and keys.
+"""Attention over a KV cache, in the forms the engine needs: a span and one token; and the rotary
+embedding of queries and keys.
 
 Shapes: q [B, H, T, D]; k, v [B, H_kv, T, D] with H a multiple of H_kv (grouped-query attention:
 query head h reads key head h // (H / H_kv)); a `KVCache` holds [B, H_kv, capacity, D].
