@@ -239,3 +239,62 @@ def test_a_decode_step_that_fails_to_compile_runs_eagerly_with_the_same_logits(f
     for token in (4, 8, 1):
         assert_close(model.decode(torch.tensor([token]), states[1]), eager.decode(torch.tensor([token]), states[0]))
     assert capsys.readouterr().err.count("running without torch.compile (C++ compile failed") == 1
+
+
+def test_compiled_verify_lands_rows_where_eager_verify_does_through_one_graph_for_every_draft_length(models):
+    """Drafts of any length verify through the same compiled graphs (one shorter than
+    VERIFY_MIN_TOKENS is padded, and the padding never lands): the logits of eager verify, and
+    rows that keep different lengths land on the same state."""
+    from torch._dynamo.utils import counters
+
+    eager, model = models
+    g = torch.Generator().manual_seed(7)
+    states = eager.new_state(2), model.new_state(2)
+    prompts = torch.randint(0, VOCAB, (2, 13), generator=g)
+    for m, state in zip((eager, model), states):
+        m.prefill(prompts, state)
+    graphs = None
+    for length in (4, 6, 1, 2, 3, 8, 5):
+        span, counts = torch.randint(0, VOCAB, (2, length), generator=g), torch.tensor([1, length])
+        assert_close(model.verify(span, states[1]), eager.verify(span, states[0]))
+        for m, state in zip((eager, model), states):
+            m.accept(state, counts)
+        if length == 6:  # the graphs of a first draft, then of rows whose cache lengths differ
+            graphs = counters["stats"]["unique_graphs"]
+        elif graphs is not None:
+            assert counters["stats"]["unique_graphs"] == graphs, f"a draft of {length} compiled again"
+    assert states[1].kv_tokens == states[0].kv_tokens
+    for got, want in zip(states[1].layers, states[0].layers):
+        for name, tensor in got.tensors().items():
+            assert_close(tensor, want.tensors()[name])
+    assert_close(model.decode(torch.tensor([3, 5]), states[1]), eager.decode(torch.tensor([3, 5]), states[0]))
+
+
+def test_each_batch_size_compiles_its_verify_step_when_it_first_verifies(folder):
+    heard = []
+    model = load_model(folder, device="cpu", dtype=torch.float32, compile=True, announce=heard.append)
+    for rows, length in ((1, 4), (1, 6), (3, 2), (1, 1)):
+        state = model.new_state(rows)
+        model.verify(torch.full((rows, length), 5), state)
+        model.accept(state, torch.ones(rows, dtype=torch.long))
+    assert heard[2:] == ["compiling the verify step for 1 row", None, "compiling the verify step for 3 rows", None]
+    assert set(model.compiled.seconds) == {"prefill", "verify B=1", "verify B=3"}
+
+
+def test_a_verify_step_that_fails_to_compile_runs_eagerly_with_the_same_logits(folder, capsys):
+    eager = load_model(folder, device="cpu", dtype=torch.float32, compile=False)
+    model = load_model(folder, device="cpu", dtype=torch.float32, compile=True)
+
+    def fails_to_compile(*args):
+        raise RuntimeError("C++ compile failed: no such compiler")
+
+    model.compiled.verify_layer = fails_to_compile
+    states = eager.new_state(1), model.new_state(1)
+    for m, state in zip((eager, model), states):
+        m.prefill(prompt(9, seed=3), state)
+    for span in ([4, 8, 1], [2, 6], [7]):
+        assert_close(model.verify(torch.tensor([span]), states[1]), eager.verify(torch.tensor([span]), states[0]))
+        for m, state in zip((eager, model), states):
+            m.accept(state, torch.tensor([len(span)]))
+    assert_close(model.decode(torch.tensor([3]), states[1]), eager.decode(torch.tensor([3]), states[0]))
+    assert capsys.readouterr().err.count("running without torch.compile (C++ compile failed") == 1

@@ -7,12 +7,15 @@ slowly for one row and the small ops around each layer add their own passes. One
 function serves every layer of a kind (its weights are the graph's inputs), so a model compiles
 a handful of small graphs, not one per layer. Prefill compiles with dynamic shapes, so one graph
 per layer kind serves every length; the delta rule stays one opaque op. Decode graphs are
-specialised on the batch size and compiled when a batch of that size first decodes: loading
-compiles the prefill graphs only, so a first run starts reading as soon as they are built.
+specialised on the batch size and compiled when a batch of that size first decodes; the graphs
+that verify drafted tokens (dynamic shapes, recording what lands each prefix) when one first
+verifies. Loading compiles the prefill graphs only, so a first run starts reading as soon as they
+are built.
 `announce` hears of each compile while it runs. Inductor caches what it built on disk
 (`~/.cache/summarize/torchinductor`, or under `XDG_CACHE_HOME`; `TORCHINDUCTOR_CACHE_DIR` wins),
-so later processes start faster. If compiling fails (the prefill graphs at load, a decode graph at
-its first step, tried on a scratch state), the model runs eagerly from there and says so on stderr. Figures: docs/performance.md.
+so later processes start faster. If compiling fails (the prefill graphs at load, a decode or verify
+graph at its first step, tried on a scratch state), that step runs eagerly from there and says so on
+stderr. Figures: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ MIN_WEIGHT_BYTES = 200 * 2**20  # below this, compiling takes longer than it sav
 # Tokens of the prefill warm-up: a length that equals no other dimension, so that the graph
 # keeps the length symbolic rather than tying it to a model size
 WARM_UP_TOKENS = 17
+# The shortest span a compiled verify runs: a shorter draft is padded to it. With two tokens and one
+# row, the projections would stream the weights as a decode step does (`ops.linear`), a graph of
+# its own to compile.
+VERIFY_MIN_TOKENS = 3
 
 
 def _layer_step(layer, x: Tensor, layer_state, context, with_stats: bool):
@@ -47,20 +54,27 @@ def _head(model, hidden: Tensor) -> Tensor:
 
 class CompiledSteps(Steps):
     """A model's layers and head through torch.compile: one graph per layer kind for decode
-    (T = 1, per batch size) and one with dynamic shapes for prefill."""
+    (T = 1, per batch size), one with dynamic shapes for prefill, one for verifying drafts."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}  # what compiling took, by step ("prefill", "decode B=8")
         # Told what is being compiled while it is (a str), then that it is done (None).
         self.announce: Callable[[str | None], None] | None = None
         self.decode_layer = torch.compile(_layer_step, dynamic=False)
-        # a code object of its own: compiled graphs are cached per code object
+        # code objects of their own: compiled graphs are cached per code object
         self.prefill_layer = torch.compile(lambda *args: _layer_step(*args), dynamic=True)
+        self.verify_layer = torch.compile(lambda *args: _layer_step(*args), dynamic=True)
         self.head_step = torch.compile(_head, dynamic=False)
 
     def layer(self, layer, x: Tensor, layer_state, context, with_stats: bool):
-        step = self.decode_layer if x.shape[1] == 1 else self.prefill_layer
-        return step(layer, x, layer_state, context, with_stats)
+        if x.shape[1] == 1:
+            return self.decode_layer(layer, x, layer_state, context, with_stats)
+        if not layer_state.drafting:
+            return self.prefill_layer(layer, x, layer_state, context, with_stats)
+        # A draft's first length may equal a state dimension (the conv window's 3); left to
+        # itself, dynamo would tie the two and compile again for the next length.
+        with torch.fx.experimental._config.patch(use_duck_shape=False):
+            return self.verify_layer(layer, x, layer_state, context, with_stats)
 
     def head(self, model, hidden: Tensor) -> Tensor:
         return self.head_step(model, hidden)
@@ -69,23 +83,47 @@ class CompiledSteps(Steps):
         rows = token_ids.shape[0]
         step = f"decode B={rows}" + (" with diagnostics" if with_stats else "")
         if step not in self.seconds:
-            # This batch size's first step compiles its graphs (or reads them from disk), on a
-            # scratch state: should compiling fail, the real state is untouched and runs eagerly.
-            self.say(f"compiling the decode step for {rows} row{'s' if rows > 1 else ''}")
-            started = time.perf_counter()
-            try:
-                super().decode(model, token_ids, model.new_state(rows), with_stats)
-            except Exception as e:  # noqa: BLE001 - any compiler failure means: decode eagerly
-                self.decode_layer = _layer_step
-                _say_eager(e)
-            finally:
-                self.seconds[step] = time.perf_counter() - started
-                self.say(None)
+            self._first_use(step, f"compiling the decode step for {_rows(rows)}", "decode_layer",
+                            lambda: super(CompiledSteps, self).decode(model, token_ids, model.new_state(rows), with_stats))
         return super().decode(model, token_ids, state, with_stats)
+
+    def verify(self, model, token_ids: Tensor, state) -> Tensor:
+        rows, tokens = token_ids.shape
+        if tokens < VERIFY_MIN_TOKENS:  # one graph for every length; the padding is never accepted
+            padding = token_ids[:, -1:].expand(rows, VERIFY_MIN_TOKENS - tokens)
+            return self.verify(model, torch.cat([token_ids, padding], dim=1), state)[:, :tokens]
+        step = f"verify B={rows}"
+        if step not in self.seconds:
+            def on_scratch():
+                scratch = model.new_state(rows)
+                super(CompiledSteps, self).verify(model, token_ids, scratch)
+                scratch.accept(torch.ones(rows, dtype=torch.long, device=token_ids.device))
+
+            self._first_use(step, f"compiling the verify step for {_rows(rows)}", "verify_layer", on_scratch)
+        return super().verify(model, token_ids, state)
+
+    def _first_use(self, step: str, what: str, graph: str, on_scratch: Callable[[], object]) -> None:
+        """A step's first call at a shape compiles its graphs (or reads them from disk): run it once
+        on a scratch state, so that should compiling fail, the real state is untouched and the
+        `graph` attribute runs eagerly from then on."""
+        self.say(what)
+        started = time.perf_counter()
+        try:
+            on_scratch()
+        except Exception as e:  # noqa: BLE001 - any compiler failure means: run this step eagerly
+            setattr(self, graph, _layer_step)
+            _say_eager(e)
+        finally:
+            self.seconds[step] = time.perf_counter() - started
+            self.say(None)
 
     def say(self, what: str | None) -> None:
         if self.announce is not None:
             self.announce(what)
+
+
+def _rows(rows: int) -> str:
+    return f"{rows} row{'s' if rows > 1 else ''}"
 
 
 def _say_eager(error: Exception) -> None:

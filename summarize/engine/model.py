@@ -38,8 +38,12 @@ class Steps:
         hidden, stats = model.run_layers(token_ids[:, None], state, with_stats)
         return self.head(model, hidden[:, -1]), stats
 
-
-EAGER_STEPS = Steps()
+    def verify(self, model: RecurrentModel, token_ids: Tensor, state: State) -> Tensor:
+        """A drafted span [B, T] through every layer and the head → logits [B, T, V]; the state is
+        left in a draft (`RecurrentModel.verify`). The head runs eagerly: T changes from step to step."""
+        state.begin_draft()
+        hidden, _ = model.run_layers(token_ids, state, with_stats=False)
+        return model.logits(hidden)
 
 
 class RecurrentModel(nn.Module):
@@ -113,10 +117,7 @@ class RecurrentModel(nn.Module):
         """The logits of every position [B, T, V] of a span of drafted tokens [B, T] (the last
         sampled token, then the drafts). The state is only read: `accept` then lands each row after
         the tokens it keeps, without running any of them again (docs/design.md §8)."""
-        state.begin_draft()
-        # eager: a draft's layer states record Python objects, which a compiled graph would not keep
-        hidden, _ = self.run_layers(token_ids, state, with_stats=False, steps=EAGER_STEPS)
-        return self.logits(hidden)
+        return self.steps.verify(self, token_ids, state)
 
     @torch.no_grad()
     def accept(self, state: State, counts: Tensor, drafted: list[int] | None = None) -> None:
@@ -125,15 +126,14 @@ class RecurrentModel(nn.Module):
         stats = state.accept(counts, with_stats=self.listener is not None)
         report_span(stats, state, "decode", counts.tolist(), self.listener, drafted)
 
-    def run_layers(self, input_ids: Tensor, state: State, with_stats: bool, steps: Steps | None = None) -> tuple[Tensor, LayerStats]:
+    def run_layers(self, input_ids: Tensor, state: State, with_stats: bool) -> tuple[Tensor, LayerStats]:
         """Every layer over input_ids [B, T]: the last hidden states [B, T, H] and per-layer stats."""
         T = input_ids.shape[1]
         context = self.span_context(state, T)
         x = self.embed(input_ids)
         stats: LayerStats = []
-        steps = steps or self.steps
         for layer, layer_state in zip(self.layers, state.layers):
-            x, layer_stats = steps.layer(layer, x, layer_state, context, with_stats)
+            x, layer_stats = self.steps.layer(layer, x, layer_state, context, with_stats)
             stats.append(layer_stats)
         state.advance(T)
         return x, stats

@@ -79,6 +79,10 @@ class RecurrentLayerState:
     def begin_draft(self) -> None:
         self.pending = []
 
+    @property
+    def drafting(self) -> bool:
+        return self.pending is not None
+
     def accept(self, counts: torch.Tensor, with_stats: bool):
         """End the draft: row b lands after its first counts[b] tokens → the op's stats or None."""
         pending, self.pending = self.pending, None
@@ -206,6 +210,10 @@ class KVCache:
 
     def begin_draft(self) -> None:
         self.draft_start = self.length
+
+    @property
+    def drafting(self) -> bool:
+        return self.draft_start is not None
 
     def accept(self, counts: torch.Tensor, with_stats: bool) -> None:
         """End the draft: the span's first max(counts) positions stay; in a row that accepted
