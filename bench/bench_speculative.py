@@ -19,20 +19,22 @@ Method
 - (ii) Rollback: `model.accept` of the last token only (every draft rejected) after a verify of 8
   drafts: the time to land the state, against a decode step. Nothing is run again.
 - (iii) Tokens/s at a share of drafts kept. Random weights copy nothing, so an oracle drafts:
-  a plain greedy run first gives the model's own continuation; at acceptance a, every draft is
-  k = 8 tokens of which the first round(a·k) are that continuation and the rest are wrong. Two
-  ways: "always 8 drafts" tells the planner verifying is free, so every step verifies all 8 (the
-  mechanism's own speed); "as summarize plans" lets `drafts.DraftPlanner` learn what verifying
-  costs and how often drafts are kept, and draft only where it pays (what a user gets); what it
-  learns stays from run to run, as in a session, after one untimed run to learn it. Each run
-  generates --tokens greedy tokens from the same prompt; random weights never emit a stop token,
-  so every run is exactly --tokens long. Plain and speculative runs alternate, --runs pairs per
-  share; the figure is the median of the paired ratios of tokens/s. The table says how many
-  tokens the speculative output shares with the plain one before they first differ: all of them
-  in fp32; in bf16 a verify pass sums a span in another order than the compiled one-token step,
-  the logits round differently, and random weights' flat logits then let greedy decoding take
-  another token sooner or later. From there the oracle's drafts (the plain continuation) are
-  wrong, so the share kept falls below the nominal one: the "kept" column gives the real share.
+  k = 8 tokens each step, of which the first j are the tokens the verify pass itself will choose
+  and the rest wrong, j drawn as the floor or the ceiling of share·k so that j/k averages the
+  share. It finds them with untimed verify passes over a copy of the state (about one pass per
+  token generated; their time is taken out of the run's). The oracle must ask the verify pass,
+  not a plain run: in bf16 a verify pass sums a span in another order than the compiled
+  one-token step, the logits round differently, and random weights' flat logits then let greedy
+  decoding take another token now and then. Two ways: "always 8 drafts" tells the planner
+  verifying is free, so every step verifies all 8 (the mechanism's own speed); "as summarize
+  plans" lets `drafts.DraftPlanner` learn what verifying costs and how often drafts are kept, and
+  draft only where it pays (what a user gets); what it learns stays from run to run, as in a
+  session, after one untimed run to learn it. Each run generates --tokens greedy tokens from the
+  same prompt; random weights never emit a stop token, so every run is exactly --tokens long.
+  Plain and speculative runs alternate, --runs pairs per share; the figure is the median of the
+  paired ratios of tokens/s. The table gives the share really kept and how many tokens the
+  speculative output shares with the plain one before they first differ (all of them in fp32; in
+  bf16, for the reason above, fewer). --quick runs the shares 0, 50 and 70% only.
 - (iv) llama.cpp's n-gram speculation is not run here: it needs llama.cpp built beside us
   (bench/README.md has the recipe) and a text it can copy from; its cell shows –.
 """
@@ -40,6 +42,7 @@ Method
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import tempfile
@@ -58,6 +61,7 @@ from summarize.engine.tokenizer import Tokenizer  # noqa: E402
 
 VERIFY_DRAFTS = (1, 2, 4, 8)
 SHARES = (0.0, 0.3, 0.5, 0.7, 0.9)
+QUICK_SHARES = (0.0, 0.5, 0.7)  # those of the last line
 ORACLE_DRAFTS = 8
 
 
@@ -113,19 +117,43 @@ def verify_costs(model, batch: int, prompt: torch.Tensor, repeats: int) -> dict:
 
 
 class Oracle:
-    """Drafts `k` tokens: the first round(share·k) of the model's own continuation, the rest wrong."""
+    """Drafts `k` tokens of which the first j are what the verify pass itself will choose and the
+    rest are wrong, with j drawn so that j/k averages `share` (floor or ceil of share·k).
 
-    def __init__(self, reference: list[int], share: float, vocab: int, k: int = ORACLE_DRAFTS) -> None:
-        self.reference, self.right, self.vocab, self.k = reference, round(share * k), vocab, k
-        self.seen = 0
+    The right tokens are found as the verify pass will see them: untimed verify passes of the same
+    width over a copy of the state, one per right token plus one for the first wrong one, each
+    revealing the pass's own greedy token at the next position. Verify passes are causal to the
+    bit at a fixed width, so the timed pass keeps exactly those j (when the planner verifies fewer
+    than k, the width differs and its rounding may differ: the "kept" column gives the real share).
+    """
+
+    def __init__(self, model, state, share: float, k: int = ORACLE_DRAFTS, seed: int = 0) -> None:
+        self.model, self.state, self.share, self.k = model, state, share, k
+        self.vocab = model.cfg.vocab_size
+        self.rng = random.Random(seed)
+        self.last: int | None = None
+        self.seconds = 0.0  # spent finding drafts: not part of the timed run
+
 
     def append(self, token: int) -> None:
-        self.seen += 1
+        self.last = token
 
     def propose(self, length: int) -> list[int]:
-        right = self.reference[self.seen : self.seen + self.right]
-        wrong = [(t + 1) % self.vocab for t in self.reference[self.seen + len(right) : self.seen + self.k]]
-        return (right + wrong)[: min(self.k, length)]
+        started = time.perf_counter()
+        k = min(self.k, length)
+        whole, part = divmod(self.share * k, 1)
+        right = int(whole) + (self.rng.random() < part)
+        saved = self.state.snapshot()
+        draft: list[int] = []
+        for position in range(min(right + 1, k)):
+            scratch = self.model.new_state(1)
+            scratch.restore(saved)
+            span = [self.last, *draft, *[draft[-1] if draft else self.last] * (k - len(draft))]
+            greedy = int(self.model.verify(torch.tensor([span]), scratch)[0, position].argmax())
+            scratch.accept(torch.ones(1, dtype=torch.long))
+            draft.append(greedy if position < right else (greedy + 1) % self.vocab)
+        self.seconds += time.perf_counter() - started
+        return draft + [draft[-1]] * (k - len(draft))  # past a wrong token nothing is kept
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -141,30 +169,29 @@ class FreeVerify(DraftCosts):
         self.slope[batch] = -0.9 / ORACLE_DRAFTS
 
 
-def throughput(model, tokenizer, prompt: torch.Tensor, tokens: int, runs: int) -> dict:
-    vocab = model.cfg.vocab_size
-
-    def run(drafters=None, costs=None):
+def throughput(model, tokenizer, prompt: torch.Tensor, tokens: int, runs: int, shares: tuple[float, ...]) -> dict:
+    def run(share=None, costs=None):
         state = model.new_state(1)
         first = model.prefill(prompt, state)
+        oracle = Oracle(model, state, share) if share is not None else None
         start = time.perf_counter()
         out = generate_batch(model, None, state, tokenizer=tokenizer, stop_ids=[], max_new_tokens=tokens, first_logits=first,
-                             speculate=ORACLE_DRAFTS if drafters else 0, drafters=drafters, draft_costs=costs)[0]
-        return out, len(out.token_ids) / (time.perf_counter() - start)
+                             speculate=ORACLE_DRAFTS if oracle else 0, drafters=[oracle] if oracle else None, draft_costs=costs)[0]
+        return out, len(out.token_ids) / (time.perf_counter() - start - (oracle.seconds if oracle else 0.0))
 
-    reference, _ = run()  # warm-up, and the continuation the oracle copies
+    reference, _ = run()  # warm-up, and the plain output to compare with
     result = {}
-    for share in SHARES:
+    for share in shares:
         row = {}
         for mode, costs in (("forced", FreeVerify()), ("planned", DraftCosts())):
             # as in a session, what the planner learnt stays: one run first, untimed, to learn it
-            run([Oracle(reference.token_ids, share, vocab)], costs)
+            run(share, costs)
             ratios, kept, drafted, rates, same = [], [], [], [], []
             for _ in range(runs):
                 plain, plain_rate = run()
-                spec, spec_rate = run([Oracle(reference.token_ids, share, vocab)], costs)
+                spec, spec_rate = run(share, costs)
                 if plain.token_ids != reference.token_ids:
-                    raise SystemExit("plain decoding is not repeatable: no reference to draft from")
+                    raise SystemExit("plain decoding is not repeatable: no output to compare with")
                 same.append(common_prefix(spec.token_ids, plain.token_ids))
                 ratios.append(spec_rate / plain_rate)
                 kept.append(spec.accepted_tokens)
@@ -199,8 +226,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repeats and tokens: under 10 minutes")
     parser.add_argument("--tiny", action="store_true", help="a tiny random model: checks the script, not speed")
     args = parser.parse_args()
+    shares = SHARES
     if args.quick:
-        args.repeats, args.runs, args.tokens = 5, 2, 64
+        args.repeats, args.runs, args.tokens, shares = 5, 2, 64, QUICK_SHARES
     torch.set_num_threads(args.threads)
     scratch = tempfile.TemporaryDirectory()
     if args.tiny:
@@ -221,7 +249,7 @@ def main() -> None:
         log(f"verify costs at B={batch}")
         costs[batch] = verify_costs(model, batch, prompt, args.repeats)
     log("tokens/s at shares of drafts kept (B=1)")
-    rates = throughput(model, tokenizer, prompt, args.tokens, args.runs)
+    rates = throughput(model, tokenizer, prompt, args.tokens, args.runs, shares)
 
     print(f"\n{args.folder.name}, {args.dtype}, {args.threads} threads, prompt {args.prompt} tokens, "
           f"{args.tokens} tokens per run, compiled: {model.compiled is not None}\n")
@@ -235,7 +263,7 @@ def main() -> None:
     print("\n| drafts kept (oracle, k = 8) | plain tok/s | always 8 drafts: kept, tok/s, × plain | "
           "as `summarize` plans: drafted per run, tok/s, × plain | tokens equal to plain's (fewest) | llama.cpp n-gram |")
     print("|---|---|---|---|---|---|")
-    for share in SHARES:
+    for share in shares:
         forced, planned = rates[share]["forced"], rates[share]["planned"]
         same = min(forced["same"], planned["same"])
         print(f"| {share:.0%} | {forced['plain']:.1f} | {forced['kept']:.0%}, {forced['spec']:.1f}, {forced['ratio']:.2f} | "
