@@ -35,6 +35,11 @@ Method
   paired ratios of tokens/s. The table gives the share really kept and how many tokens the
   speculative output shares with the plain one before they first differ (all of them in fp32; in
   bf16, for the reason above, fewer). --quick runs the shares 0, 50 and 70% only.
+- (v) MTP drafts, where the checkpoint has an MTP head (bench/random_checkpoint.py writes one):
+  what drafting k tokens costs against a decode step, alternating with the steps, median of
+  --repeats, with the head read for the whole vocabulary and for the prompt's tokens only; and,
+  from that and (i), the least per-token chance α of a draft being kept at which drafting pays.
+  Random weights cannot say how often a real head's guesses are kept.
 - (iv) llama.cpp's n-gram speculation is not run here: it needs llama.cpp built beside us
   (bench/README.md has the recipe) and a text it can copy from; its cell shows –.
 """
@@ -114,6 +119,43 @@ def verify_costs(model, batch: int, prompt: torch.Tensor, repeats: int) -> dict:
     result["rollback_ms"] = statistics.median(rollback) * 1e3
     result["step_ms"] = statistics.median(steps) * 1e3
     return result
+
+
+MTP_DRAFTS = (1, 2, 4)
+
+
+def mtp_costs(model, prompt: torch.Tensor, repeats: int) -> dict:
+    """What drafting k tokens from the MTP head costs against a decode step (B = 1): reading the
+    position the step kept, then k guesses. With the full head, and read for the prompt's tokens
+    only (`MTPDrafts`' vocabulary)."""
+    from summarize.engine.mtp_drafts import MTPDrafts
+
+    state, token = prompt_state(model, 1, prompt)
+    result = {}
+    for label, vocabulary in (("full", None), ("prompt", prompt[0].tolist())):
+        drafts = MTPDrafts(model, state, vocabulary)
+        drafts.start(state, token)
+        for k in MTP_DRAFTS:
+            ratios = []
+            for i in range(repeats + 1):  # the first pair warms up
+                step = timed(lambda: model.decode(token, state))
+                drafts.landed(state.last_hidden, token[:, None], torch.ones_like(token))
+                if i:
+                    ratios.append(timed(lambda: drafts.propose(k)) / step)
+                else:
+                    drafts.propose(k)
+            result[label, k] = statistics.median(ratios)
+    return result
+
+
+def mtp_break_even(verify: dict, mtp: dict, label: str) -> tuple[float, int] | None:
+    """The least chance α that a drafted token is kept at which drafting k from the head beats plain
+    decoding (the planner's model: 1 + α + … + α^k tokens for a verify and the head's k guesses)."""
+    for alpha in [i / 100 for i in range(100)]:
+        for k in MTP_DRAFTS:
+            if sum(alpha**i for i in range(k + 1)) / (verify[k] + mtp[label, k]) > 1:
+                return alpha, k
+    return None
 
 
 class Oracle:
@@ -248,6 +290,10 @@ def main() -> None:
     for batch in (1, args.batch):
         log(f"verify costs at B={batch}")
         costs[batch] = verify_costs(model, batch, prompt, args.repeats)
+    mtp = None
+    if model.mtp is not None:
+        log("MTP drafting costs at B=1")
+        mtp = mtp_costs(model, prompt, args.repeats)
     log("tokens/s at shares of drafts kept (B=1)")
     rates = throughput(model, tokenizer, prompt, args.tokens, args.runs, shares)
 
@@ -260,6 +306,12 @@ def main() -> None:
         print(f"| verify {k} + land, × a step | {costs[1][k]:.2f} | {costs[args.batch][k]:.2f} |")
     print(f"| rollback (land after 0 of 8 kept), × a step | {costs[1]['rollback']:.3f} | {costs[args.batch]['rollback']:.3f} |")
     print(f"| rollback, ms | {costs[1]['rollback_ms']:.2f} | {costs[args.batch]['rollback_ms']:.2f} |")
+    if mtp is not None:
+        for label, what in (("full", "the whole vocabulary"), ("prompt", "the prompt's tokens")):
+            costs_k = ", ".join(f"{k}: {mtp[label, k]:.2f}" for k in MTP_DRAFTS)
+            even = mtp_break_even(costs[1], mtp, label)
+            pays = f"pays from α = {even[0]:.2f} per drafted token (k = {even[1]})" if even else "never pays"
+            print(f"| MTP drafts read for {what}, k: × a step | {costs_k}; {pays} | – |")
     print("\n| drafts kept (oracle, k = 8) | plain tok/s | always 8 drafts: kept, tok/s, × plain | "
           "as `summarize` plans: drafted per run, tok/s, × plain | tokens equal to plain's (fewest) | llama.cpp n-gram |")
     print("|---|---|---|---|---|---|")

@@ -5,7 +5,7 @@ of Mobius's RWKV-6 shape.
     python bench/random_checkpoint.py mobius /tmp/mobius-1-layer --layers 1
 
 transformers builds and saves the Qwen3.5 shapes, so the files are laid out exactly as the hub's;
-the real tokenizer is copied beside them. Mobius (RWKV-6, 12B: hidden 5120, 80 heads of 64, FFN
+the multi-token-prediction head (mtp.*) is written beside them, and the real tokenizer. Mobius (RWKV-6, 12B: hidden 5120, 80 heads of 64, FFN
 17920, LoRA ranks 32 and 64, vocabulary 65536, 32 layers) is written here in the Hugging Face
 `rwkv6` layout, one safetensors file per layer, so that memory holds one layer at a time; its
 tokenizer ships with summarize. Weight values do not change speed or memory. `--layers N` keeps
@@ -55,9 +55,29 @@ def build(name: str, folder: Path, dtype: torch.dtype, layers: int | None = None
             else:
                 p.normal_(0.0, 0.02)
     model.save_pretrained(folder)
+    del model
+    if text.get("mtp_num_hidden_layers"):
+        save_mtp_head(folder, dtype)
     shutil.copy(TOKENIZER, folder / "tokenizer.json")
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [248046, 248044]}))
     return folder
+
+
+def save_mtp_head(folder: Path, dtype: torch.dtype) -> None:
+    """The multi-token-prediction head the released files carry (mtp.*, which transformers does
+    not build), random, in its own file."""
+    import sys
+
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from summarize.engine.qwen3_5 import Qwen35Config, mtp_shapes
+
+    cfg = Qwen35Config.from_dict(json.loads((folder / "config.json").read_text()))
+    gen = torch.Generator().manual_seed(1)
+    tensors = {name: (torch.randn(shape, generator=gen) * (0.1 if "norm" in name else 0.02)).to(dtype)
+               for name, shape in mtp_shapes(cfg).items()}
+    save_file(tensors, str(folder / "model-mtp.safetensors"))
 
 
 def build_rwkv6(folder: Path, dtype: torch.dtype, layers: int | None = None, shape: dict = MOBIUS) -> Path:

@@ -31,11 +31,13 @@ from summarize.types import (
     DEFAULT_BATCH_MEMORY,
     DEFAULT_CACHE_SIZE,
     DEFAULT_CHUNK_TOKENS,
+    DEFAULT_DRAFTS,
     DEFAULT_MODEL,
     DEFAULT_OVERLAP,
     DEFAULT_SPECULATE,
     DEFAULT_STRATEGY,
     DEFAULT_WORDS,
+    DRAFT_SOURCES,
     MAX_CHUNK_TOKENS,
     MAX_OVERLAP_SHARE,
     MAX_SPECULATE,
@@ -54,6 +56,7 @@ DEVICE_KINDS = "cpu, cuda, cuda:N, mps"
 
 # typer offers an Enum's values as the choices: built from STRATEGIES, so they are listed once
 Strategy = Enum("Strategy", {name.replace("-", "_"): name for name in STRATEGIES}, type=str)
+Drafts = Enum("Drafts", {name: name for name in DRAFT_SOURCES}, type=str)
 
 
 class DType(str, Enum):
@@ -202,6 +205,10 @@ def summarize(
         min=0, max=MAX_SPECULATE, envvar="SUMMARIZE_SPECULATE",
         help="Draft up to N tokens per step from the document and verify them in one pass "
              "(the same text, faster where it copies); 0 turns it off.")] = DEFAULT_SPECULATE,
+    drafts: Annotated[Drafts, typer.Option(
+        envvar="SUMMARIZE_DRAFTS",
+        help="Where drafted tokens come from: the document, or the model file's multi-token-prediction "
+             "head (Qwen3.5 files with mtp.* weights).")] = Drafts(DEFAULT_DRAFTS),
     batch_memory: Annotated[str | None, typer.Option(
         "--batch-memory", metavar="SIZE", envvar="SUMMARIZE_BATCH_MEMORY", show_default=False, callback=_size,
         help="Memory for the states of the chunks read together in map-reduce (default 1G: 8 rows "
@@ -264,6 +271,7 @@ def summarize(
         words=words, model=model, device=device, dtype=dtype.value if dtype else None,
         quantize=quantize.value if quantize else None, focus=focus, chunk_tokens=chunk_tokens, overlap=overlap, strategy=strategy.value,
         extractive=extractive, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, speculate=speculate,
+        drafts=drafts.value,
         batch_memory=batch_memory or DEFAULT_BATCH_MEMORY,
         cache=not no_cache, cache_dir=str(cache_dir) if cache_dir else None, cache_size=cache_size or DEFAULT_CACHE_SIZE,
         diagnostics_file=str(diagnostics_file) if diagnostics_file else None,

@@ -338,13 +338,19 @@ class ModelSummarizer:
             if len(groups) == len(notes):  # every note alone fills a window: keep what fits
                 return notes[:1]
             merged = []
-            for group in groups:
-                self._phase(None, "merge")
+            for group in groups:  # -n and --focus are not in a merge: it is kept as chunks' notes are
                 prompt = tok.chat_prompt_ids(REDUCE_PROMPT.format(words=NOTES_WORDS * 2, focus="", notes="\n\n".join(group)))
-                state = self.s.model.new_state(1)
-                logits = self._prefill(prompt, state)
-                self._phase(None, "decode")
-                merged.append(clean_output(self._generate(logits, state, NOTES_WORDS * 2, [prompt])[0].text))
+                key = None if self.cache is None else self.cache.notes_key(prompt, self.s.sampling, token_budget(NOTES_WORDS * 2))
+                note = None if key is None else self.cache.notes(key)
+                if note is None:
+                    self._phase(None, "merge")
+                    state = self.s.model.new_state(1)
+                    logits = self._prefill(prompt, state)
+                    self._phase(None, "decode")
+                    note = clean_output(self._generate(logits, state, NOTES_WORDS * 2, [prompt])[0].text)
+                    if key is not None:
+                        self.cache.keep_notes(key, note)
+                merged.append(note)
             notes = [n for n in merged if n]
         return notes
 
@@ -445,7 +451,7 @@ class ModelSummarizer:
                 max_new_tokens=budget, sampling=self.s.sampling, first_logits=logits,
                 stop_texts=self.s.tokenizer.stop_texts,  # RWKV: the answer ends where a new round opens
                 banned_ids=self.s.tokenizer.banned_ids,  # RWKV-6 World: end-of-text is never sampled
-                speculate=self.s.speculate, contexts=contexts, draft_costs=self.s.draft_costs,
+                speculate=self.s.speculate, contexts=contexts, draft_costs=self.s.draft_costs, mtp=self.s.mtp,
             )
         finally:
             self.progress.rows = None

@@ -12,6 +12,7 @@ from summarize.engine import load_model, load_tokenizer
 from summarize.engine.drafts import DraftCosts
 from summarize.engine.generate import SamplingParams
 from summarize.engine.tokenizer import Tokenizer
+from summarize.errors import SummarizeError
 from summarize.types import Settings
 
 # Qwen's recommendation for non-thinking use; the penalty keeps a small model from looping.
@@ -29,6 +30,7 @@ class ModelSession:
     sampling: SamplingParams
     name: str
     speculate: int = 0  # the most tokens drafted per decode step (0: none)
+    mtp: bool = False  # drafts from the checkpoint's multi-token-prediction head, not the document
     draft_costs: DraftCosts = field(default_factory=DraftCosts)  # what verifying costs here, learnt as it runs
 
 
@@ -53,7 +55,11 @@ def load_session(settings: Settings, notify: Callable[[str], None],
         notify(note)
     notify(f"model {settings.model} on {model.device} ({_precision(model, settings)}), {_steps(model)}, "
            f"ready in {time.perf_counter() - started:.0f} s")
-    return ModelSession(model, tokenizer, stop_ids, sampling_for(settings), settings.model, settings.speculate)
+    mtp = settings.drafts == "mtp" and settings.speculate > 0
+    if mtp and getattr(model, "mtp", None) is None:
+        raise SummarizeError(f"{settings.model} has no multi-token-prediction head (mtp.* weights) to draft "
+                             "from; use --drafts document")
+    return ModelSession(model, tokenizer, stop_ids, sampling_for(settings), settings.model, settings.speculate, mtp=mtp)
 
 
 def sampling_for(settings: Settings) -> SamplingParams:

@@ -31,6 +31,10 @@ STDIN_LABEL = "<stdin>"  # how messages name it
 # Its figures: bench/README.md (bench_speculative.py).
 DEFAULT_SPECULATE = 8
 MAX_SPECULATE = 32
+# Where drafts come from: the document (prompt lookup), or the checkpoint's multi-token-prediction
+# head (Qwen3.5 files with mtp.*). Lookup is the default: it costs nothing where it finds nothing.
+DRAFT_SOURCES = ("document", "mtp")
+DEFAULT_DRAFTS = "document"
 
 # The memory the states of one batch of chunks may take in map-reduce (map_batch.py): 1 GiB holds
 # 8 rows of the 0.8B model (~40–60 MB a row), whatever the document's length.
@@ -72,6 +76,7 @@ class Settings:
     top_p: float | None = None
     seed: int | None = None
     speculate: int = DEFAULT_SPECULATE  # output-invariant (greedy: the same tokens), so not fingerprinted
+    drafts: str = DEFAULT_DRAFTS  # where drafts come from (DRAFT_SOURCES); output-invariant too
     batch_memory: int = DEFAULT_BATCH_MEMORY  # bytes for one map batch's states; not fingerprinted either
     cache: bool = True  # keep and reuse what was read (read_cache.py); output-invariant, as are the next two
     cache_dir: str | None = None  # None: $SUMMARIZE_CACHE_DIR, else the user's cache folder

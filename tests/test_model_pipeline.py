@@ -316,6 +316,22 @@ def test_speculation_changes_nothing_in_a_greedy_summary_and_is_reported(model_d
     assert 0 <= speculative_record["accepted_tokens"] <= speculative_record["draft_tokens"]
 
 
+def test_drafts_from_the_mtp_head_change_nothing_in_a_greedy_summary(tmp_path):
+    folder = tiny_released_layout(tmp_path / "with-head", mtp_head=True)
+    args = [str(sample_pdf()), "-m", str(folder), "-n", "60", "--temperature", "0", "--json", "--no-cache"]
+    plain, drafted = run_cli(*args, "--speculate", "0"), run_cli(*args, "--drafts", "mtp")
+    assert plain.returncode == drafted.returncode == 0, plain.stderr + drafted.stderr
+    plain_record, drafted_record = json.loads(plain.stdout), json.loads(drafted.stdout)
+    assert drafted_record["summary"] == plain_record["summary"]
+    assert 0 <= drafted_record["accepted_tokens"] <= drafted_record["draft_tokens"]
+
+
+def test_drafts_asked_of_a_file_without_an_mtp_head_are_a_one_line_error(model_dir):
+    result = run_cli(str(sample_pdf()), "-m", str(model_dir), "--drafts", "mtp", "--no-cache")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "has no multi-token-prediction head (mtp.* weights)" in result.stderr and result.stdout == ""
+
+
 def test_drafts_kept_by_the_model_summarizer_are_counted(model_dir):
     """With verifying made free, the library path drafts from the chunks and counts what was kept."""
     from summarize.engine.drafts import DraftCosts

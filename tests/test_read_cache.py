@@ -60,6 +60,7 @@ def run(model_dir: Path, text: str = TEXT, *, strategy: str = MAP_REDUCE, words:
         patch.setattr(model_summarizer, "generate_batch", recording)
         (doc,) = summarizer.summarize_documents([(text, "doc")])
     doc.answer = answers[-1]
+    doc.decodes = len(answers)  # generate_batch calls: notes batches, merges, the summary
     return doc
 
 
@@ -86,6 +87,18 @@ def test_a_second_run_takes_every_chunks_notes_from_the_cache_whatever_its_lengt
     # another length and a focus change only the final prompt: the notes are still those kept
     other = run(model_dir, words=10, focus="risks and costs")
     assert other.progress.counters["cached_chunks"] == chunks and other.notes == first.notes
+
+
+@needs_tokenizer
+def test_notes_merged_in_groups_are_kept_too_so_a_second_run_decodes_only_its_summary(model_dir, monkeypatch, read_cache_dir):
+    monkeypatch.setattr(model_summarizer, "NOTES_WORDS", 40)  # notes that outgrow one window: merged in groups
+    text = SAMPLE.read_text()[:9000]
+    first = run(model_dir, text)
+    merges = len(entries(read_cache_dir, NOTES)) - len(first.chunks)
+    assert merges > 0 and first.decodes >= merges + 2  # notes, merges, the summary
+    second = run(model_dir, text, words=10)
+    assert second.progress.counters["cached_chunks"] == len(first.chunks)
+    assert second.decodes == 1 and len(entries(read_cache_dir, NOTES)) == len(first.chunks) + merges
 
 
 @needs_tokenizer

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from summarize.engine import load_model
-from summarize.engine.drafts import PROBE_DRAFTS, DraftCosts, DraftPlanner, PromptLookup
+from summarize.engine.drafts import PROBE_DRAFTS, REPROBE_STEPS, DraftCosts, DraftPlanner, PromptLookup
 from summarize.engine.generate import SamplingParams, generate_batch
 from summarize.engine.ops.gated_delta_rule import naive_recurrent_gated_delta_rule, verify_gated_delta_rule
 from summarize.engine.ops.rwkv7_wkv import naive_recurrent_rwkv7, verify_rwkv7
@@ -317,6 +317,16 @@ def test_the_planner_stops_drafting_for_rows_whose_drafts_are_rejected():
         planner.learn_row(0, 4, 0)
         planner.learn_row(1, 4, 0)
     assert planner.width([8, 8], running=2) == 0
+
+
+def test_the_planner_probes_again_now_and_then_where_it_stopped_drafting():
+    """A verify once timed slow stops drafting; a short probe every REPROBE_STEPS steps lets a
+    faster time measured later start it again."""
+    planner = DraftPlanner(8, 1, costs(1, slope=1.0))
+    widths = [planner.width([8], running=1) for _ in range(2 * REPROBE_STEPS)]
+    assert widths.count(0) == 2 * REPROBE_STEPS - 2
+    assert [i for i, w in enumerate(widths) if w] == [REPROBE_STEPS - 1, 2 * REPROBE_STEPS - 1]
+    assert max(widths) == PROBE_DRAFTS
 
 
 def test_the_planner_times_a_plain_step_first_and_probes_short():

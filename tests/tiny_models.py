@@ -101,8 +101,32 @@ def save_checkpoint(model, folder: Path, *, tokenizer: bool = False, mtp_tensors
     return folder
 
 
-def tiny_released_layout(folder: Path) -> Path:
-    """A tiny random model laid out like the released small checkpoints, with the real tokenizer."""
+def mtp_reference(model, seed: int = 1):
+    """A random multi-token-prediction head for `model`, of transformers' own layers, as released
+    checkpoints have one → (the head as a module, its tensors named as in a checkpoint)."""
+    from torch import nn
+
+    config = model.config.get_text_config()
+    if getattr(config, "num_experts", 0):
+        from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeDecoderLayer as Layer
+        from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeRMSNorm as Norm
+    else:
+        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer as Layer
+        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm as Norm
+    H, eps = config.hidden_size, config.rms_norm_eps
+    head = nn.Module()
+    head.fc = nn.Linear(2 * H, H, bias=False)
+    for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        setattr(head, name, Norm(H, eps=eps))
+    head.layers = nn.ModuleList([Layer(config, config.layer_types.index("full_attention"))])
+    head = head.float().eval()
+    randomize(head, seed)
+    return head, {f"mtp.{name}": tensor.contiguous() for name, tensor in head.state_dict().items()}
+
+
+def tiny_released_layout(folder: Path, *, mtp_head: bool = False) -> Path:
+    """A tiny random model laid out like the released small checkpoints, with the real tokenizer;
+    with `mtp_head`, a whole multi-token-prediction head (else a stray part of one)."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4)
@@ -110,7 +134,12 @@ def tiny_released_layout(folder: Path) -> Path:
     config = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=True)
     model = Qwen3_5ForConditionalGeneration(config).float().eval()
     randomize(model)
-    return save_checkpoint(model, folder, tokenizer=True, mtp_tensors=True)
+    save_checkpoint(model, folder, tokenizer=True, mtp_tensors=not mtp_head)
+    if mtp_head:
+        from safetensors.torch import save_file
+
+        save_file(mtp_reference(model)[1], str(folder / "model-mtp.safetensors"))
+    return folder
 
 
 # -- RWKV-7 --------------------------------------------------------------------------------------

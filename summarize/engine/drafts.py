@@ -18,6 +18,9 @@ GAIN_MARGIN = 0.05  # draft only where the expected tokens per unit of time beat
 PROBE_DRAFTS = 2  # the first verify at a batch size drafts at most this many: cheap where it does not pay
 PRIOR_DRAFTS = 2.0  # how many drafts a new row's first guess at its α weighs
 SLOPE_WEIGHT = 0.3  # weight of the newest verify in the learnt cost slope
+# After this many steps in a row without verifying while drafts were there, probe again: a verify
+# once timed slow (the machine busy with something else) must not end speculation for good.
+REPROBE_STEPS = 32
 
 
 class PromptLookup:
@@ -86,7 +89,8 @@ class DraftPlanner:
     the most tokens per unit of cost, and not at all when that beats plain decoding by less than
     GAIN_MARGIN: where verifying costs what decoding does (a compute-bound CPU), or where drafts
     are rarely kept, it stops drafting by itself. Before the first plain step has been timed it does
-    not draft, and its first verify at a batch size drafts at most PROBE_DRAFTS.
+    not draft, and its first verify at a batch size drafts at most PROBE_DRAFTS, as does a verify
+    after REPROBE_STEPS steps without one (about 1% of the steps where drafting does not pay).
     """
 
     def __init__(self, most: int, batch: int, costs: DraftCosts | None = None) -> None:
@@ -95,6 +99,7 @@ class DraftPlanner:
         share = self.costs.kept_share
         self.kept = [PRIOR_DRAFTS * share] * batch  # drafted tokens kept, per row
         self.rejected = [PRIOR_DRAFTS * (1 - share)] * batch  # drafts cut short, per row
+        self.idle = 0  # steps in a row without a verify while drafts were there
 
     def width(self, available: list[int], running: int) -> int:
         """How many drafts to verify this step, given the length of the draft each row has (0: none,
@@ -111,6 +116,10 @@ class DraftPlanner:
             rate = tokens / (1 + (slope or 0.0) * width)
             if rate > best_rate:
                 best, best_rate = width, rate
+        self.idle = 0 if best else self.idle + 1
+        if self.idle >= REPROBE_STEPS:
+            self.idle = 0
+            return min(PROBE_DRAFTS, max(available))
         return best
 
     def learn_row(self, row: int, drafted: int, kept: int) -> None:

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from .drafts import DraftCosts, DraftPlanner, PromptLookup
+from .mtp_drafts import MTPDrafts
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 # Candidates taken first when looking for the top-p nucleus on the CPU; most nuclei are smaller.
@@ -241,6 +242,7 @@ def generate_batch(
     drafters: Sequence | None = None,
     draft_costs: DraftCosts | None = None,
     banned_ids: Collection[int] = (),
+    mtp: bool = False,
 ) -> list[Generation]:
     """Generate for a batch of B sequences that share one batched `state`.
 
@@ -257,8 +259,10 @@ def generate_batch(
     `contexts[row]` (default: the prompt) and what it generated, and verifies them in one pass
     (`model.verify` / `model.accept`): the same tokens as without, greedy, and the same
     distribution, sampled (docs/design.md §8). `drafters` replaces the lookup: one object per row
-    with `append(token)` and `propose(n) -> list[int]`, as `drafts.PromptLookup`. `draft_costs`
-    carries what verifying was measured to cost from one generation to the next.
+    with `append(token)` and `propose(n) -> list[int]`, as `drafts.PromptLookup`. `mtp` drafts
+    from the checkpoint's multi-token-prediction head instead (`mtp_drafts.MTPDrafts`, read for
+    the tokens of `contexts` when given). `draft_costs` carries what verifying was measured to cost
+    from one generation to the next.
     """
     sampling = sampling or SamplingParams()
     if first_logits is None:
@@ -279,8 +283,14 @@ def generate_batch(
     sample = _Sampler(sampling, batch, vocab, first_logits.device, banned_ids)
     token = sample(first_logits) if rows.running else None
     if speculate > 0 and rows.running:
-        if drafters is None:
+        if mtp:
+            if getattr(model, "mtp", None) is None:
+                raise ValueError("this checkpoint has no multi-token-prediction head (mtp.*) to draft from")
+            drafters = MTPDrafts(model, state, (t for context in contexts for t in context) if contexts is not None else None)
+        elif drafters is None:
             drafters = [PromptLookup(contexts[row] if contexts is not None else ()) for row in range(batch)]
+        if isinstance(drafters, MTPDrafts):
+            drafters.start(state, token)
         _speculative_loop(model, state, sample, rows, token, speculate, drafters, draft_costs)
     elif rows.running:
         _plain_loop(model, state, sample, rows, token, first_logits.device.type == "cuda" if overlap is None else overlap)
@@ -358,13 +368,15 @@ def _plain_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor, over
         token = sample(logits)
 
 
-def _speculative_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor, most: int, drafters: Sequence,
+def _speculative_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor, most: int, drafters,
                       costs: DraftCosts | None) -> None:
     """Each step: every running row looks up a draft of up to `most` tokens, the planner picks how
     many to verify; one `verify` pass reads the last token and the drafts, each row keeps the drafts
     its own samples agree with, and `accept` lands the state there. With nothing worth verifying, a
-    plain decode step. Every step's wall time teaches the planner what verifying costs."""
+    plain decode step. Every step's wall time teaches the planner what verifying costs.
+    `drafters`: one per row (`PromptLookup`), or one `MTPDrafts` for the batch."""
     batch = token.shape[0]
+    batched = isinstance(drafters, MTPDrafts)
     planner = DraftPlanner(most, batch, costs)
     timing = None  # (width of the step being timed, its start)
     while True:
@@ -377,15 +389,20 @@ def _speculative_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor
             else:
                 planner.costs.learn_step(batch, seconds)
         for row, tid in enumerate(ids):
-            if rows.take(row, tid):
+            if rows.take(row, tid) and not batched:
                 drafters[row].append(tid)
         if not rows.running:
             return
-        candidates = [drafters[row].propose(most) if row in rows.running else [] for row in range(batch)]
+        if batched:
+            candidates = [d if row in rows.running else [] for row, d in enumerate(drafters.propose(most))]
+        else:
+            candidates = [drafters[row].propose(most) if row in rows.running else [] for row in range(batch)]
         width = planner.width([len(c) for c in candidates], len(rows.running))
         timing = (width, time.perf_counter())
         if width == 0:
             token = sample(model.decode(token, state))
+            if batched:
+                drafters.landed(state.last_hidden, token[:, None], torch.ones_like(token))
             continue
         drafts = [c[:width] for c in candidates]
         span = torch.tensor([[ids[row], *d, *[0] * (width - len(d))] for row, d in enumerate(drafts)], device=token.device)
@@ -398,9 +415,12 @@ def _speculative_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor
             rows.drafted[row] += drafted[row]
             rows.accepted[row] += n
             for tid in drafts[row][:n]:
-                if rows.take(row, tid):
+                if rows.take(row, tid) and not batched:
                     drafters[row].append(tid)
         token = chosen.gather(1, kept[:, None])[:, 0]
+        if batched:  # each kept position was followed by the next drafted token, the last by `token`
+            following = torch.cat([span[:, 1:], span[:, :1]], dim=1).scatter(1, kept[:, None], token[:, None])
+            drafters.landed(state.last_hidden, following, kept + 1)
 
 
 def generate(

@@ -136,6 +136,7 @@ class RecurrentModel(nn.Module):
             x, layer_stats = self.steps.layer(layer, x, layer_state, context, with_stats)
             stats.append(layer_stats)
         state.advance(T)
+        state.last_hidden = x
         return x, stats
 
     def _report(self, stats: LayerStats | None, state: State, phase: Phase, tokens: int | list[int]) -> None:

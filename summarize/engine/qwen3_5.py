@@ -30,6 +30,7 @@ from summarize.engine.tokenizer import load_hub_tokenizer
 from summarize.errors import SummarizeError
 
 MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+MTP_LAYER = "mtp.layers.0."  # the head's one decoder layer
 # Prefill blocks of 1,024 tokens: a little faster than 2,048 (a smaller working set)
 PREFILL_BLOCK_TOKENS = 1024
 L2NORM_EPS = 1e-6  # as the reference normalises q and k
@@ -145,7 +146,7 @@ class Qwen35Config:
 # ---------------------------------------------------------------------------------------------
 # The checkpoint's name table: every text tensor we read, with its shape. Names are relative to
 # the text model (`model.` or `model.language_model.` stripped); `lm_head.weight` is top level.
-# Everything else in a checkpoint (model.visual.*, mtp.*) is never read.
+# The multi-token-prediction head (mtp.*) is read when present; the rest (model.visual.*) never is.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -155,61 +156,72 @@ def checkpoint_shapes(cfg: Qwen35Config, *, fused_experts: bool = True) -> dict[
     if not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (V, H)
     for i, kind in enumerate(cfg.layer_types):
-        p = f"layers.{i}."
-        shapes[p + "input_layernorm.weight"] = (H,)
-        shapes[p + "post_attention_layernorm.weight"] = (H,)
-        if kind == "linear_attention":
-            a = p + "linear_attn."
-            hv = cfg.linear_num_value_heads
-            shapes |= {
-                a + "in_proj_qkv.weight": (cfg.conv_dim, H),
-                a + "in_proj_z.weight": (cfg.value_dim, H),
-                a + "in_proj_b.weight": (hv, H),
-                a + "in_proj_a.weight": (hv, H),
-                a + "conv1d.weight": (cfg.conv_dim, 1, cfg.linear_conv_kernel_dim),
-                a + "dt_bias": (hv,),
-                a + "A_log": (hv,),
-                a + "norm.weight": (cfg.linear_value_head_dim,),
-                a + "out_proj.weight": (H, cfg.value_dim),
-            }
-        elif kind == "full_attention":
-            a = p + "self_attn."
-            nq, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-            shapes |= {
-                a + "q_proj.weight": (2 * nq * d, H),  # query and output gate, interleaved per head
-                a + "k_proj.weight": (nkv * d, H),
-                a + "v_proj.weight": (nkv * d, H),
-                a + "o_proj.weight": (H, nq * d),
-                a + "q_norm.weight": (d,),
-                a + "k_norm.weight": (d,),
-            }
+        shapes |= layer_shapes(cfg, f"layers.{i}.", kind, fused_experts)
+    return shapes
+
+
+def mtp_shapes(cfg: Qwen35Config, *, fused_experts: bool = True) -> dict[str, tuple[int, ...]]:
+    """The multi-token-prediction head's tensors (top level in a checkpoint, beside `model.`)."""
+    H = cfg.hidden_size
+    norms = {f"mtp.{n}.weight": (H,) for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")}
+    return {"mtp.fc.weight": (H, 2 * H)} | norms | layer_shapes(cfg, MTP_LAYER, "full_attention", fused_experts)
+
+
+def layer_shapes(cfg: Qwen35Config, p: str, kind: str, fused_experts: bool) -> dict[str, tuple[int, ...]]:
+    H = cfg.hidden_size
+    shapes = {p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,)}
+    if kind == "linear_attention":
+        a = p + "linear_attn."
+        hv = cfg.linear_num_value_heads
+        shapes |= {
+            a + "in_proj_qkv.weight": (cfg.conv_dim, H),
+            a + "in_proj_z.weight": (cfg.value_dim, H),
+            a + "in_proj_b.weight": (hv, H),
+            a + "in_proj_a.weight": (hv, H),
+            a + "conv1d.weight": (cfg.conv_dim, 1, cfg.linear_conv_kernel_dim),
+            a + "dt_bias": (hv,),
+            a + "A_log": (hv,),
+            a + "norm.weight": (cfg.linear_value_head_dim,),
+            a + "out_proj.weight": (H, cfg.value_dim),
+        }
+    elif kind == "full_attention":
+        a = p + "self_attn."
+        nq, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        shapes |= {
+            a + "q_proj.weight": (2 * nq * d, H),  # query and output gate, interleaved per head
+            a + "k_proj.weight": (nkv * d, H),
+            a + "v_proj.weight": (nkv * d, H),
+            a + "o_proj.weight": (H, nq * d),
+            a + "q_norm.weight": (d,),
+            a + "k_norm.weight": (d,),
+        }
+    else:
+        raise ValueError(f"unknown layer type {kind!r} at {p}")
+    m = p + "mlp."
+    if cfg.num_experts:
+        E, FF, S = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+        shapes |= {
+            m + "gate.weight": (E, H),
+            m + "shared_expert.gate_proj.weight": (S, H),
+            m + "shared_expert.up_proj.weight": (S, H),
+            m + "shared_expert.down_proj.weight": (H, S),
+            m + "shared_expert_gate.weight": (1, H),
+        }
+        if fused_experts:
+            shapes[m + "experts.gate_up_proj"] = (E, 2 * FF, H)
+            shapes[m + "experts.down_proj"] = (E, H, FF)
         else:
-            raise ValueError(f"unknown layer type {kind!r} at layer {i}")
-        m = p + "mlp."
-        if cfg.num_experts:
-            E, FF, S = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
-            shapes |= {
-                m + "gate.weight": (E, H),
-                m + "shared_expert.gate_proj.weight": (S, H),
-                m + "shared_expert.up_proj.weight": (S, H),
-                m + "shared_expert.down_proj.weight": (H, S),
-                m + "shared_expert_gate.weight": (1, H),
-            }
-            if fused_experts:
-                shapes[m + "experts.gate_up_proj"] = (E, 2 * FF, H)
-                shapes[m + "experts.down_proj"] = (E, H, FF)
-            else:
-                for e in range(E):
-                    shapes[m + f"experts.{e}.gate_proj.weight"] = (FF, H)
-                    shapes[m + f"experts.{e}.up_proj.weight"] = (FF, H)
-                    shapes[m + f"experts.{e}.down_proj.weight"] = (H, FF)
-        else:
-            FF = cfg.intermediate_size
-            shapes |= {
-                m + "gate_proj.weight": (FF, H),
-                m + "up_proj.weight": (FF, H),
-                m + "down_proj.weight": (H, FF),
-            }
+            for e in range(E):
+                shapes[m + f"experts.{e}.gate_proj.weight"] = (FF, H)
+                shapes[m + f"experts.{e}.up_proj.weight"] = (FF, H)
+                shapes[m + f"experts.{e}.down_proj.weight"] = (H, FF)
+    else:
+        FF = cfg.intermediate_size
+        shapes |= {
+            m + "gate_proj.weight": (FF, H),
+            m + "up_proj.weight": (FF, H),
+            m + "down_proj.weight": (H, FF),
+        }
     return shapes
 
 
@@ -385,10 +397,9 @@ class SparseMoE(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: Qwen35Config, take: Take, index: int, fused_experts: bool) -> None:
+    def __init__(self, cfg: Qwen35Config, take: Take, p: str, kind: str, fused_experts: bool) -> None:
         super().__init__()
-        p = f"layers.{index}."
-        self.kind = cfg.layer_types[index]
+        self.kind = kind
         if self.kind == "linear_attention":
             self.mixer = GatedDeltaNet(cfg, take, p + "linear_attn.")
         else:
@@ -415,6 +426,43 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(rms_norm(x, self.post_norm, self.eps)), stats
 
 
+class MultiTokenPredictor(nn.Module):
+    """The checkpoint's multi-token-prediction head (`mtp.*`): from the hidden state the model
+    left at a position and the token that followed it, a guess at the token after that.
+
+    It concatenates `pre_fc_norm_embedding(embed(token))` and `pre_fc_norm_hidden(hidden)`, maps
+    them back to the hidden size (`fc`), runs one full-attention decoder layer with a KV cache of
+    its own, and ends in `norm`; the model's head turns that into logits. `hidden` is the model's
+    final-normed hidden state (`target_hidden`), or, to guess further ahead, this head's own output.
+    """
+
+    def __init__(self, cfg: Qwen35Config, take: Take, fused_experts: bool) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.fc = Projection(take("mtp.fc.weight"))
+        self.register_buffer("embedding_norm", 1.0 + take("mtp.pre_fc_norm_embedding.weight").float())
+        self.register_buffer("hidden_norm", 1.0 + take("mtp.pre_fc_norm_hidden.weight").float())
+        self.register_buffer("norm", 1.0 + take("mtp.norm.weight").float())
+        self.register_buffer("final_norm", 1.0 + take("norm.weight").float())  # the model's own
+        self.layer = DecoderLayer(cfg, take, MTP_LAYER, "full_attention", fused_experts)
+
+    def new_state(self, batch_size: int, dtype: torch.dtype, device: torch.device) -> State:
+        empty = torch.zeros(batch_size, self.cfg.num_key_value_heads, 0, self.cfg.head_dim, dtype=dtype, device=device)
+        return State(layers=[KVCache(keys=empty, values=empty.clone())])
+
+    def target_hidden(self, hidden: Tensor) -> Tensor:
+        """The model's last-layer hidden states → the final-normed ones this head reads."""
+        return rms_norm(hidden, self.final_norm, self.cfg.rms_norm_eps)
+
+    def forward(self, embedded: Tensor, hidden: Tensor, state: State, rotary: tuple[Tensor, Tensor]) -> Tensor:
+        """embedded [B, T, H] (the tokens that followed), hidden [B, T, H] → normed output [B, T, H]."""
+        eps = self.cfg.rms_norm_eps
+        x = self.fc(torch.cat([rms_norm(embedded, self.embedding_norm, eps), rms_norm(hidden, self.hidden_norm, eps)], dim=-1))
+        x, _ = self.layer(x, state.layers[0], rotary, False)
+        state.advance(x.shape[1])
+        return rms_norm(x, self.norm, eps)
+
+
 # ---------------------------------------------------------------------------------------------
 # The model
 # ---------------------------------------------------------------------------------------------
@@ -430,6 +478,7 @@ class Qwen35Model(RecurrentModel):
     def __init__(self, cfg: Qwen35Config, take: Take, *, fused_experts: bool = True, quantize: str | None = None) -> None:
         super().__init__()
         self.cfg = cfg
+        self.mtp: MultiTokenPredictor | None = None  # the checkpoint's multi-token-prediction head, if any
         # quantized part by part (the embedding table too; the experts of an MoE model stay in the
         # model's dtype): peak memory is the quantized model plus one part
         def built(module: nn.Module) -> nn.Module:
@@ -437,7 +486,9 @@ class Qwen35Model(RecurrentModel):
 
         self.embed_tokens = built(Projection(take("embed_tokens.weight")))
         self.compute_dtype = self.embed_tokens.dtype
-        self.layers = nn.ModuleList(built(DecoderLayer(cfg, take, i, fused_experts)) for i in range(len(cfg.layer_types)))
+        self.layers = nn.ModuleList(
+            built(DecoderLayer(cfg, take, f"layers.{i}.", kind, fused_experts)) for i, kind in enumerate(cfg.layer_types)
+        )
         self.register_buffer("final_norm", 1.0 + take("norm.weight").float())
         self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else built(Projection(take("lm_head.weight")))
         rotary_dim = int(cfg.head_dim * cfg.partial_rotary_factor)
@@ -503,9 +554,13 @@ def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype,
         raise SummarizeError(f"{checkpoint.folder}: no embed_tokens.weight; not a Qwen3.5 checkpoint")
     fused = not cfg.num_experts or prefix + "layers.0.mlp.experts.gate_up_proj" in checkpoint
     shapes = checkpoint_shapes(cfg, fused_experts=fused)
+    mtp_fused = not cfg.num_experts or MTP_LAYER + "mlp.experts.gate_up_proj" in checkpoint
+    with_mtp = all(name in checkpoint for name in mtp_shapes(cfg, fused_experts=mtp_fused))
+    if with_mtp:
+        shapes |= mtp_shapes(cfg, fused_experts=mtp_fused)
 
     def take(name: str) -> Tensor | Int8Rows:
-        full = name if name == "lm_head.weight" else prefix + name
+        full = name if name == "lm_head.weight" or name.startswith("mtp.") else prefix + name
         tensor = checkpoint.read(full)
         if tuple(tensor.shape) != shapes[name]:
             raise SummarizeError(
@@ -514,7 +569,10 @@ def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype,
         target = torch.float32 if name.endswith(FP32_TENSORS) else dtype
         return tensor.to(device=device, dtype=target)
 
-    return Qwen35Model(cfg, take, fused_experts=fused, quantize=quantize)
+    model = Qwen35Model(cfg, take, fused_experts=fused, quantize=quantize)
+    if with_mtp:
+        model.mtp = quantized(MultiTokenPredictor(cfg, take, mtp_fused), quantize)
+    return model
 
 
 FAMILY = Family(

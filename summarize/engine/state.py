@@ -83,6 +83,9 @@ class RecurrentLayerState:
     def drafting(self) -> bool:
         return self.pending is not None
 
+    def discard(self) -> None:
+        self.pending = None
+
     def accept(self, counts: torch.Tensor, with_stats: bool):
         """End the draft: row b lands after its first counts[b] tokens → the op's stats or None."""
         pending, self.pending = self.pending, None
@@ -215,6 +218,9 @@ class KVCache:
     def drafting(self) -> bool:
         return self.draft_start is not None
 
+    def discard(self) -> None:
+        self.length, self.draft_start = self.draft_start, None
+
     def accept(self, counts: torch.Tensor, with_stats: bool) -> None:
         """End the draft: the span's first max(counts) positions stay; in a row that accepted
         fewer, the rest are hidden."""
@@ -318,6 +324,9 @@ class State:
     layers: list[LayerState]
     position: int = 0  # tokens consumed so far (the rotary position of the next token)
     row_positions: torch.Tensor | None = None  # [B] per-row positions when rows read different lengths
+    # the last layer's output [B, T, H] over the span last read (before the final norm), for a
+    # drafter that reads hidden states (the MTP head); None until a span is read after a restore
+    last_hidden: torch.Tensor | None = field(default=None, repr=False, compare=False)
     _draft_position: int = field(default=0, repr=False, compare=False)  # where the open draft began
 
     @property
@@ -372,6 +381,14 @@ class State:
         self.position = start + int(counts.max())
         return stats
 
+    def discard(self) -> None:
+        """End the draft keeping none of it: as it was at `begin_draft`."""
+        for layer in self.layers:
+            layer.discard()
+        if self.row_positions is not None:
+            self.row_positions = self.row_positions - (self.position - self._draft_position)
+        self.position = self._draft_position
+
     @classmethod
     def stack(cls, states: list[State]) -> State:
         """One batch from batch-1 states that may have read different lengths (for batched decode).
@@ -397,11 +414,13 @@ class State:
         for layer, saved in zip(self.layers, snapshot.layers):
             layer.restore(saved)
         self.position = snapshot.position
+        self.last_hidden = None
 
     def reset(self) -> None:
         for layer in self.layers:
             layer.reset()
         self.position = 0
+        self.last_hidden = None
 
     def keep_attention_window(self, *, keep_first: int, keep_last: int) -> None:
         """Attention layers keep only the first and the last tokens, so their memory stays bounded.
@@ -443,6 +462,7 @@ class State:
         for layer, saved in zip(self.layers, per_layer):  # nothing is changed until all of it fits
             layer.load(saved)
         self.position = position
+        self.last_hidden = None
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

@@ -1,0 +1,175 @@
+"""Drafts from a checkpoint's multi-token-prediction head (Qwen3.5's mtp.*).
+
+The reference is the head built of transformers' own Qwen3.5 layers (decoder layer, RMSNorm,
+rotary embedding) with the same random weights, run over the whole span without a cache; the
+model's final-normed hidden states come from transformers' model. Tolerance: fp32 logits within
+1e-4 of the largest.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from summarize.engine import load_model
+from summarize.engine.generate import generate_batch
+from summarize.engine.mtp_drafts import MTPDrafts
+from test_generate import TOK
+from tiny_models import dense_reference, moe_reference, mtp_reference, save_checkpoint
+
+REL_TOL = 1e-4
+VOCAB = 384
+
+
+@pytest.fixture(scope="module", params=["dense", "moe"])
+def family(request, tmp_path_factory):
+    reference = (dense_reference if request.param == "dense" else moe_reference)()
+    folder = save_checkpoint(reference, tmp_path_factory.mktemp(request.param))
+    head, tensors = mtp_reference(reference)
+    save_file(tensors, str(folder / "model-mtp.safetensors"))
+    model = load_model(str(folder), device="cpu", dtype=torch.float32, compile=False)
+    return reference, head, model
+
+
+@torch.no_grad()
+def reference_head(reference, head, following: torch.Tensor, hidden: torch.Tensor, start: int) -> torch.Tensor:
+    """transformers' layers: the head over positions start.. (no cache) → its normed output."""
+    x = head.fc(torch.cat([head.pre_fc_norm_embedding(reference.model.embed_tokens(following)),
+                           head.pre_fc_norm_hidden(hidden)], dim=-1))
+    T = x.shape[1]
+    positions = torch.arange(start, start + T)[None]
+    rotary = reference.model.rotary_emb(x, positions[None].expand(3, 1, T))
+    mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
+    out = head.layers[0](x, position_embeddings=rotary, attention_mask=mask, position_ids=positions)
+    return head.norm(out[0] if isinstance(out, tuple) else out)
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    err = (got - want).abs().max().item()
+    assert err <= REL_TOL * want.abs().max().item(), f"max |diff| {err:.3g}"
+
+
+def test_a_checkpoint_with_a_head_loads_it_and_one_without_does_not(family, tmp_path):
+    _, _, model = family
+    assert model.mtp is not None
+    assert load_model(str(save_checkpoint(dense_reference(), tmp_path / "plain")), device="cpu", dtype=torch.float32).mtp is None
+
+
+def test_the_head_reads_a_span_as_transformers_layers_do(family):
+    reference, head, model = family
+    ids = torch.randint(0, VOCAB, (1, 21), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        target = reference.model(ids[:, :-1]).last_hidden_state  # final-normed
+        want = reference.lm_head(reference_head(reference, head, ids[:, 1:], target, start=0))
+        state = model.new_state(1)
+        model.prefill(ids[:, :-1], state)
+        assert_close(model.mtp.target_hidden(state.last_hidden), target)
+        cache = model.mtp.new_state(1, torch.float32, torch.device("cpu"))
+        out = model.mtp(model.embed(ids[:, 1:]), model.mtp.target_hidden(state.last_hidden), cache, model.span_context(cache, 20))
+        assert_close(model.lm_head(out), want)
+
+
+@pytest.mark.parametrize("vocabulary", [None, "prompt"])
+def test_drafts_are_the_heads_guesses_each_fed_back_with_its_own_output(family, vocabulary):
+    """After a prefill the head starts at the prompt's last position; each further guess reads the
+    one before and the head's own output. Read for the prompt's tokens only, it guesses among them."""
+    reference, head, model = family
+    prompt = torch.randint(0, VOCAB, (1, 13), generator=torch.Generator().manual_seed(2))
+    state = model.new_state(1)
+    first = model.prefill(prompt, state).argmax(dim=-1)
+    allowed = sorted(set(prompt[0].tolist())) if vocabulary else list(range(VOCAB))
+    drafts = MTPDrafts(model, state, allowed if vocabulary else None)
+    drafts.start(state, first)
+    got = drafts.propose(4)[0]
+
+    with torch.no_grad():
+        following, hidden = first[None], reference.model(prompt).last_hidden_state[:, -1:]
+        want = []
+        for _ in range(4):
+            out = reference_head(reference, head, following, hidden, start=12)
+            logits = reference.lm_head(out[:, -1])[0, allowed]
+            want.append(allowed[int(logits.argmax())])
+            following = torch.cat([following, torch.tensor([[want[-1]]])], dim=1)
+            hidden = torch.cat([hidden, out[:, -1:]], dim=1)
+    assert got == want
+    assert drafts.state.position == 13 and drafts.state.kv_tokens == 1  # the guesses were discarded
+
+
+def test_greedy_output_is_the_same_with_drafts_from_the_head(family):
+    """Token for token. (Sampled, a draft is the head's single guess, kept when the model's own
+    sample equals it: the rule test_speculative checks for keeping the distribution.)"""
+    _, _, model = family
+    prompts = torch.randint(0, VOCAB, (3, 9), generator=torch.Generator().manual_seed(3))
+
+    def run(**speculation):
+        return generate_batch(model, prompts, model.new_state(3), tokenizer=TOK, stop_ids=[], max_new_tokens=30, **speculation)
+
+    plain = run()
+    drafted = run(speculate=4, mtp=True, draft_costs=free_verify())
+    assert [g.token_ids for g in drafted] == [g.token_ids for g in plain]
+    assert all(g.draft_tokens > 0 for g in drafted)
+
+
+class KnownAnswers(MTPDrafts):
+    """The head reads what lands as it always does, but its guesses are a known answer's tokens,
+    with every `wrong`-th one changed: a random head is never right, and rows should keep drafts,
+    different lengths of them."""
+
+    def __init__(self, model, state, answers: list[list[int]], wrong: list[int]) -> None:
+        super().__init__(model, state)
+        self.answers, self.wrong, self.known = answers, wrong, [0] * len(answers)
+
+    def landed(self, hidden, following, counts):
+        super().landed(hidden, following, counts)
+        self.known = [k + n for k, n in zip(self.known, counts.tolist())]
+
+    def propose(self, most):
+        guesses = super().propose(most)
+        out = []
+        for row, (answer, k) in enumerate(zip(self.answers, self.known)):
+            draft = list(answer[k : k + len(guesses[row])])
+            for i in range(len(draft)):
+                if (k + i) % self.wrong[row] == 0:
+                    draft[i] = (draft[i] + 1) % VOCAB
+            out.append(draft)
+        return out
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_heads_cache_holds_what_the_model_kept_whatever_lengths_rows_keep(family, rows):
+    """After drafts kept in pieces of different lengths, the head's cache is what reading the
+    model's final hidden states in one span gives, position by position; and the output is the
+    plain one."""
+    _, _, model = family
+    prompts = torch.randint(0, VOCAB, (rows, 9), generator=torch.Generator().manual_seed(4))
+    plain = generate_batch(model, prompts, model.new_state(rows), tokenizer=TOK, stop_ids=[], max_new_tokens=30)
+    state = model.new_state(rows)
+    first = model.prefill(prompts, state)
+    drafts = KnownAnswers(model, state, [g.token_ids for g in plain], wrong=[4, 3, 6][:rows])
+    drafted = generate_batch(model, None, state, tokenizer=TOK, stop_ids=[], max_new_tokens=30, first_logits=first,
+                             speculate=4, drafters=drafts, draft_costs=free_verify(rows))
+    assert [g.token_ids for g in drafted] == [g.token_ids for g in plain]
+    assert all(g.accepted_tokens > 5 for g in drafted) and len({g.accepted_tokens for g in drafted}) == min(rows, 2)
+
+    for row in range(rows):
+        sequence = torch.cat([prompts[row], torch.tensor(plain[row].token_ids)])[None]
+        whole = model.new_state(1)
+        model.prefill(sequence, whole)
+        cache = model.mtp.new_state(1, torch.float32, torch.device("cpu"))
+        cache.position = 8  # the prompt's last position
+        span = sequence.shape[1] - 9
+        model.mtp(model.embed(sequence[:, 9:]), model.mtp.target_hidden(whole.last_hidden[:, 8:-1]), cache,
+                  model.span_context(cache, span))
+        kv = drafts.state.layers[0]
+        kept = ~kv.hidden_keys[row] if kv.hidden_keys is not None else torch.ones(kv.length, dtype=torch.bool)
+        got = kv.keys[row, :, : kv.length][:, kept][:, :span]  # a row that stopped early runs on
+        assert got.shape[1] >= span - 5  # all but the last landing, which no draft read
+        assert_close(got, cache.layers[0].keys[0, :, : got.shape[1]])
+
+
+def free_verify(batch: int = 3):
+    """The planner told that verifying is free: it verifies every draft it is given."""
+    from test_speculative import FixedCosts
+
+    return FixedCosts(batch, 0.0)
