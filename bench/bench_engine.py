@@ -277,6 +277,7 @@ def ours_worker(args, dtype: torch.dtype) -> dict:
     costs = model_costs(model)
     if wanted(model, model.device, costs["weight_bytes"]):  # as load_model would, after the weights
         compile_steps(model)
+        model.compiled.prefill_from = 1  # the warm-up below builds the prefill graphs, whatever its length
     vocab = model.cfg.vocab_size
     out: dict = {"costs": costs, "baseline_rss": baseline, "compiled": model.compiled is not None} | loaded
     if args.job == "prefill":

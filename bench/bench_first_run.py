@@ -9,9 +9,11 @@ the second (warm) reads what the first built. `--eager` adds a run with SUMMARIZ
 reference.
 
 Every stderr line is time-stamped as it arrives. "first chunk" is the time from the command to the
-model's "ready in N s" note (which gives the prefill compile's seconds): the model starts reading
-right after it. The decode step's graphs are compiled at the first decode of each batch size,
-inside the notes and summary phases, whose seconds include them. Random weights never end an
+note "compiled the prefill step in N s": the prefill graphs are built when the model first reads
+a full block, the first chunk's, which it reads right after (without that note, a run that never
+compiled: the model's "ready in N s" note). The prefill compile's seconds are inside the prefill
+phase; the decode step's graphs are compiled at the first decode of each batch size, inside the
+notes and summary phases, whose seconds include them. Random weights never end an
 answer: every note and the summary run to their token budgets, and `summarize` then falls back to
 an extractive summary (the model's timings are kept in --json).
 
@@ -67,10 +69,13 @@ def run(args, name: str, env: dict) -> dict:
         sys.exit(f"{name} failed ({result['code']}): {result['lines'][-1:]}")
     record = json.loads(result["stdout"].splitlines()[-1])
     ready_at, _ = first(result["lines"], r"ready in \d+ s")
+    compiled_at, compile_s = first(result["lines"], r"compiled the prefill step in (\d+) s")
     _, steps = first(result["lines"], r"\((?:bfloat16|float32|float16)[^)]*\), (.*), ready in")
-    return dict(name=name, wall=result["wall"], first_chunk=ready_at,
-                peak_rss=result["peak_rss"], phases=record.get("phase_seconds", {}),
-                steps=steps.group(1) if steps else "?")
+    steps = steps.group(1) if steps else "?"
+    if compile_s:
+        steps += f" ({compile_s.group(1)} s prefill compile)"
+    return dict(name=name, wall=result["wall"], first_chunk=compiled_at if compiled_at is not None else ready_at,
+                peak_rss=result["peak_rss"], phases=record.get("phase_seconds", {}), steps=steps)
 
 
 def seconds(value: float | None) -> str:

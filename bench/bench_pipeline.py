@@ -28,9 +28,10 @@ an extractive one after the model has done all its work: the timings are the mod
 (--json keeps them for a fallback). Whether a real model's drafts would be kept as often is not known: the table
 gives the share kept, so a reader can weigh the speculative rows.
 
-Per run: wall seconds from the command to its exit; load (model ready, compile included: the
-"ready in N s" note); prefill, notes (map decode) and summary (merge and reduce decode) seconds
-from --json's `phase_seconds`; the rest (imports, PDF text, tokenizing) is wall minus those; tokens
+Per run: wall seconds from the command to its exit; load (model ready: the "ready in N s" note);
+prefill, notes (map decode) and summary (merge and reduce decode) seconds from --json's
+`phase_seconds` (each step compiles at its first use: the prefill graphs inside prefill, the
+decode and verify graphs inside notes and summary); the rest (imports, PDF text, tokenizing) is wall minus those; tokens
 in and out; drafts kept; peak RSS (the process's own, from wait4); rows per map batch.
 
 llama.cpp (with --llama-completion and --gguf, the same weights converted by llama.cpp's own

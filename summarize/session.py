@@ -39,15 +39,15 @@ def load_session(settings: Settings, notify: Callable[[str], None],
     """Load the model named in `settings` with its tokenizer and stop ids (raises ModelNotAvailable).
 
     `waiting` is told what the user waits for while it lasts (a str), then that it is over (None):
-    loading, and the compiles a first run on a machine does (the decode step's come later, at
-    its first use)."""
+    loading, and later each compile of a step at its first use (on a machine's first run, the
+    prefill step's takes ~25 s), which `notify` then hears with its seconds."""
     dtype = getattr(torch, settings.dtype) if settings.dtype else None
     waiting = waiting or (lambda what: None)
-    started = time.perf_counter()  # a first run on a CPU also compiles the prefill step: ~30 s
+    started = time.perf_counter()
     waiting("loading the model")
     try:
         model = load_model(settings.model, device=settings.device, dtype=dtype, quantize=settings.quantize,
-                           announce=waiting)
+                           announce=_compiles_told(waiting, notify))
     finally:
         waiting(None)
     tokenizer, stop_ids = load_tokenizer(model)
@@ -79,7 +79,21 @@ def _precision(model, settings: Settings) -> str:
 
 
 def _steps(model) -> str:
-    if model.compiled is None:
-        return "eager steps"
-    seconds = model.compiled.seconds  # a first run on a machine compiles; later ones read inductor's disk cache
-    return f"compiled steps ({seconds['prefill']:.0f} s prefill)" if "prefill" in seconds else "compiled steps"
+    return "eager steps" if model.compiled is None else "compiled steps"
+
+
+def _compiles_told(waiting: Callable[[str | None], None], notify: Callable[[str], None]) -> Callable[[str | None], None]:
+    """`waiting` for the live view while a step compiles, and a note when it is done:
+    "compiled the prefill step in 8 s" (a first run on a machine compiles; later ones read
+    inductor's disk cache)."""
+    current: dict = {}
+
+    def announce(what: str | None) -> None:
+        if what is not None:
+            current.update(what=what, since=time.perf_counter())
+        elif "what" in current:
+            done = current.pop("what").replace("compiling", "compiled", 1)
+            notify(f"{done} in {time.perf_counter() - current['since']:.0f} s")
+        waiting(what)
+
+    return announce

@@ -29,10 +29,18 @@ def folder(tmp_path_factory):
     return save_checkpoint(dense_reference(), tmp_path_factory.mktemp("dense"))
 
 
+def compiled_from_the_start(model):
+    """Every step through its graphs from its first call: a read of any length builds the prefill
+    graphs, the first verify pass the verify graphs (by default they wait for a long read and
+    for a few verify passes)."""
+    model.compiled.prefill_from, model.compiled.eager_verifies = 1, 0
+    return model
+
+
 @pytest.fixture(scope="module")
 def models(folder):
     eager = load_model(folder, device="cpu", dtype=torch.float32, compile=False)
-    compiled = load_model(folder, device="cpu", dtype=torch.float32, compile=True)
+    compiled = compiled_from_the_start(load_model(folder, device="cpu", dtype=torch.float32, compile=True))
     assert eager.compiled is None and compiled.compiled is not None
     return eager, compiled
 
@@ -91,13 +99,17 @@ def test_decode_steps_go_on_across_a_growing_cache_without_recompiling(models):
     assert states[1].kv_tokens == states[0].kv_tokens == 259
 
 
-def test_loading_compiles_prefill_and_each_batch_size_compiles_its_decode_step_when_first_used(folder):
-    """A first run starts reading once the prefill graphs are built; the decode step of a batch
-    size is compiled at its first step, which is announced while it lasts, and only then."""
+def test_steps_are_compiled_when_first_used_and_short_reads_do_not_compile_prefill(folder):
+    """Loading compiles nothing. Reads shorter than a full prefill block run eagerly; the first
+    full block builds the prefill graphs; the decode step of a batch size is compiled at its first
+    step. Each compile is announced while it lasts, and only then."""
     heard = []
     model = load_model(folder, device="cpu", dtype=torch.float32, compile=True, announce=heard.append)
+    assert heard == [] and model.compiled.seconds == {}
+    model.prefill(prompt(compiled.PREFILL_COMPILE_TOKENS - 1, seed=1), model.new_state(1))
+    assert heard == [] and not model.compiled.prefill_ready
+    model.prefill(prompt(compiled.PREFILL_COMPILE_TOKENS + 5, seed=1), model.new_state(1))  # one full block, then 5
     assert heard == ["compiling the prefill step", None]
-    assert set(model.compiled.seconds) == {"prefill"}
     for rows in (2, 2, 1, 2, 1):
         model.decode(torch.tensor([5] * rows), model.new_state(rows))
     assert heard[2:] == ["compiling the decode step for 2 rows", None, "compiling the decode step for 1 row", None]
@@ -141,7 +153,7 @@ def test_compiled_moe_steps_equal_eager(tmp_path):
     """The MoE dispatch stays eager inside compiled prefill and decode steps."""
     folder = save_checkpoint(moe_reference(), tmp_path)
     eager = load_model(folder, device="cpu", dtype=torch.float32, compile=False)
-    compiled = load_model(folder, device="cpu", dtype=torch.float32, compile=True)
+    compiled = compiled_from_the_start(load_model(folder, device="cpu", dtype=torch.float32, compile=True))
     assert compiled.compiled is not None
     for length in (30, 47):
         states = eager.new_state(1), compiled.new_state(1)
@@ -169,19 +181,23 @@ def test_compiled_batch_of_stacked_states_equals_eager(models, lengths):
 
 
 def test_a_compiler_failure_leaves_the_model_eager(folder, monkeypatch, capsys):
+    """Without a working compiler every step falls back at its first use, said once on stderr,
+    and computes what the eager model does."""
     def broken_compile(fn, **_):
         def fail(*args, **kwargs):
             raise RuntimeError("no C++ compiler found")
 
         return fail
 
+    eager = load_model(folder, device="cpu", dtype=torch.float32, compile=False)
     monkeypatch.setattr(torch, "compile", broken_compile)
-    model = load_model(folder, device="cpu", dtype=torch.float32, compile=True)
-    assert model.compiled is None
-    assert "running without torch.compile (no C++ compiler found)" in capsys.readouterr().err
-    state = model.new_state(1)
-    model.prefill(prompt(5, seed=3), state)
-    assert torch.isfinite(model.decode(torch.tensor([1]), state)).all()
+    model = compiled_from_the_start(load_model(folder, device="cpu", dtype=torch.float32, compile=True))
+    states = eager.new_state(1), model.new_state(1)
+    for m, state in zip((eager, model), states):
+        m.prefill(prompt(5, seed=3), state)
+    assert_close(model.decode(torch.tensor([1]), states[1]), eager.decode(torch.tensor([1]), states[0]))
+    assert_close(model.verify(torch.tensor([[2, 3, 4]]), states[1]), eager.verify(torch.tensor([[2, 3, 4]]), states[0]))
+    assert capsys.readouterr().err.count("running without torch.compile (no C++ compiler found)") == 1
 
 
 @pytest.mark.parametrize(
@@ -227,7 +243,7 @@ def test_a_decode_step_that_fails_to_compile_runs_eagerly_with_the_same_logits(f
     """A decode graph is first built on a scratch state: if that fails, the real state is left as
     it was and every step of the run decodes eagerly, said once on stderr."""
     eager = load_model(folder, device="cpu", dtype=torch.float32, compile=False)
-    model = load_model(folder, device="cpu", dtype=torch.float32, compile=True)
+    model = compiled_from_the_start(load_model(folder, device="cpu", dtype=torch.float32, compile=True))
 
     def fails_to_compile(*args):
         raise RuntimeError("C++ compile failed: no such compiler")
@@ -270,20 +286,25 @@ def test_compiled_verify_lands_rows_where_eager_verify_does_through_one_graph_fo
     assert_close(model.decode(torch.tensor([3, 5]), states[1]), eager.decode(torch.tensor([3, 5]), states[0]))
 
 
-def test_each_batch_size_compiles_its_verify_step_when_it_first_verifies(folder):
+def test_a_batch_size_compiles_its_verify_step_after_a_few_eager_verify_passes(folder):
+    """Where drafts do not pay the planner stops after a probe or two: those verify passes run
+    eagerly, and only a batch size that keeps verifying has its graphs built."""
     heard = []
     model = load_model(folder, device="cpu", dtype=torch.float32, compile=True, announce=heard.append)
-    for rows, length in ((1, 4), (1, 6), (3, 2), (1, 1)):
+    first = compiled.EAGER_VERIFIES + 1
+    for rows, length in [(1, 4)] * compiled.EAGER_VERIFIES + [(3, 2)] * 3 + [(1, 6), (1, 1)]:
         state = model.new_state(rows)
         model.verify(torch.full((rows, length), 5), state)
         model.accept(state, torch.ones(rows, dtype=torch.long))
-    assert heard[2:] == ["compiling the verify step for 1 row", None, "compiling the verify step for 3 rows", None]
-    assert set(model.compiled.seconds) == {"prefill", "verify B=1", "verify B=3"}
+        if len(heard) == 0:
+            assert model.compiled.verified[rows] < first
+    assert heard == ["compiling the verify step for 1 row", None]
+    assert set(model.compiled.seconds) == {"verify B=1"} and model.compiled.verify_rows == {1}
 
 
 def test_a_verify_step_that_fails_to_compile_runs_eagerly_with_the_same_logits(folder, capsys):
     eager = load_model(folder, device="cpu", dtype=torch.float32, compile=False)
-    model = load_model(folder, device="cpu", dtype=torch.float32, compile=True)
+    model = compiled_from_the_start(load_model(folder, device="cpu", dtype=torch.float32, compile=True))
 
     def fails_to_compile(*args):
         raise RuntimeError("C++ compile failed: no such compiler")

@@ -7,15 +7,17 @@ slowly for one row and the small ops around each layer add their own passes. One
 function serves every layer of a kind (its weights are the graph's inputs), so a model compiles
 a handful of small graphs, not one per layer. Prefill compiles with dynamic shapes, so one graph
 per layer kind serves every length; the delta rule stays one opaque op. Decode graphs are
-specialised on the batch size and compiled when a batch of that size first decodes; the graphs
-that verify drafted tokens (dynamic shapes, recording what lands each prefix) when one first
-verifies. Loading compiles the prefill graphs only, so a first run starts reading as soon as they
-are built.
+specialised on the batch size and compiled when a batch of that size first decodes. Nothing is
+compiled at load: the prefill graphs are built when the model first reads a full block
+(`PREFILL_COMPILE_TOKENS`), and shorter reads run eagerly until then, so a run that reads little
+(a summary written from cached notes) does not pay for a compile that would cost more than it
+saves. The graphs that verify drafted tokens (dynamic shapes, recording what lands each prefix)
+are built at a batch size's `EAGER_VERIFIES + 1`-th verify pass: where drafts do not pay, the
+planner stops after a probe or two, and nothing is compiled for them.
 `announce` hears of each compile while it runs. Inductor caches what it built on disk
 (`~/.cache/summarize/torchinductor`, or under `XDG_CACHE_HOME`; `TORCHINDUCTOR_CACHE_DIR` wins),
-so later processes start faster. If compiling fails (the prefill graphs at load, a decode or verify
-graph at its first step, tried on a scratch state), that step runs eagerly from there and says so on
-stderr. Figures: docs/performance.md.
+so later processes start faster. If compiling a step fails (tried on a scratch state at its first
+use), that step runs eagerly from there and says so on stderr, once. Figures: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ MIN_WEIGHT_BYTES = 200 * 2**20  # below this, compiling takes longer than it sav
 # Tokens of the prefill warm-up: a length that equals no other dimension, so that the graph
 # keeps the length symbolic rather than tying it to a model size
 WARM_UP_TOKENS = 17
+# A read of this many tokens builds the prefill graphs (a prefill block is at most 1,024 tokens):
+# shorter reads before it run eagerly
+PREFILL_COMPILE_TOKENS = 1024
+# A batch size's first verify passes run eagerly (about 1.5x a decode step where a compiled one
+# is 1.35x), its graphs are compiled at the next: a compile costs 5-14 s
+EAGER_VERIFIES = 8
 # The shortest span a compiled verify runs: a shorter draft is padded to it. With two tokens and one
 # row, the projections would stream the weights as a decode step does (`ops.linear`), a graph of
 # its own to compile.
@@ -60,6 +68,12 @@ class CompiledSteps(Steps):
         self.seconds: dict[str, float] = {}  # what compiling took, by step ("prefill", "decode B=8")
         # Told what is being compiled while it is (a str), then that it is done (None).
         self.announce: Callable[[str | None], None] | None = None
+        self.prefill_from = PREFILL_COMPILE_TOKENS  # the read that builds the prefill graphs
+        self.eager_verifies = EAGER_VERIFIES  # per batch size, before its verify graphs are built
+        self.prefill_ready = False  # whether prefill runs through its graphs (or they failed: eager)
+        self.verified: dict[int, int] = {}  # batch size -> verify passes run
+        self.verify_rows: set[int] = set()  # batch sizes whose verify passes run through graphs
+        self.said_eager = False
         self.decode_layer = torch.compile(_layer_step, dynamic=False)
         # code objects of their own: compiled graphs are cached per code object
         self.prefill_layer = torch.compile(lambda *args: _layer_step(*args), dynamic=True)
@@ -70,11 +84,26 @@ class CompiledSteps(Steps):
         if x.shape[1] == 1:
             return self.decode_layer(layer, x, layer_state, context, with_stats)
         if not layer_state.drafting:
-            return self.prefill_layer(layer, x, layer_state, context, with_stats)
+            step = self.prefill_layer if self.prefill_ready else _layer_step
+            return step(layer, x, layer_state, context, with_stats)
+        if x.shape[0] not in self.verify_rows:
+            return _layer_step(layer, x, layer_state, context, with_stats)
         # A draft's first length may equal a state dimension (the conv window's 3); left to
         # itself, dynamo would tie the two and compile again for the next length.
         with torch.fx.experimental._config.patch(use_duck_shape=False):
             return self.verify_layer(layer, x, layer_state, context, with_stats)
+
+    def will_read(self, model, tokens: int) -> None:
+        if self.prefill_ready or tokens < self.prefill_from:
+            return
+        self.prefill_ready = True
+
+        def on_scratch():
+            from torch._inductor import inductor_prims  # noqa: F401 - registers the prim `ops.linear` uses (1 s to import)
+
+            model.run_layers(torch.zeros(1, WARM_UP_TOKENS, dtype=torch.long, device=model.device), model.new_state(1), True)
+
+        self._first_use("prefill", "compiling the prefill step", {"prefill_layer": _layer_step}, on_scratch)
 
     def head(self, model, hidden: Tensor) -> Tensor:
         return self.head_step(model, hidden)
@@ -83,36 +112,43 @@ class CompiledSteps(Steps):
         rows = token_ids.shape[0]
         step = f"decode B={rows}" + (" with diagnostics" if with_stats else "")
         if step not in self.seconds:
-            self._first_use(step, f"compiling the decode step for {_rows(rows)}", "decode_layer",
+            self._first_use(step, f"compiling the decode step for {_rows(rows)}", {"decode_layer": _layer_step, "head_step": _head},
                             lambda: super(CompiledSteps, self).decode(model, token_ids, model.new_state(rows), with_stats))
         return super().decode(model, token_ids, state, with_stats)
 
     def verify(self, model, token_ids: Tensor, state) -> Tensor:
         rows, tokens = token_ids.shape
-        if tokens < VERIFY_MIN_TOKENS:  # one graph for every length; the padding is never accepted
-            padding = token_ids[:, -1:].expand(rows, VERIFY_MIN_TOKENS - tokens)
-            return self.verify(model, torch.cat([token_ids, padding], dim=1), state)[:, :tokens]
-        step = f"verify B={rows}"
-        if step not in self.seconds:
+        self.verified[rows] = self.verified.get(rows, 0) + 1
+        if rows not in self.verify_rows:
+            if self.verified[rows] <= self.eager_verifies:
+                return super().verify(model, token_ids, state)
+            self.verify_rows.add(rows)
+
             def on_scratch():
                 scratch = model.new_state(rows)
-                super(CompiledSteps, self).verify(model, token_ids, scratch)
+                self.verify(model, token_ids, scratch)
                 scratch.accept(torch.ones(rows, dtype=torch.long, device=token_ids.device))
 
-            self._first_use(step, f"compiling the verify step for {_rows(rows)}", "verify_layer", on_scratch)
+            self._first_use(f"verify B={rows}", f"compiling the verify step for {_rows(rows)}", {"verify_layer": _layer_step}, on_scratch)
+        if tokens < VERIFY_MIN_TOKENS:  # one graph for every length; the padding is never accepted
+            padding = token_ids[:, -1:].expand(rows, VERIFY_MIN_TOKENS - tokens)
+            return super().verify(model, torch.cat([token_ids, padding], dim=1), state)[:, :tokens]
         return super().verify(model, token_ids, state)
 
-    def _first_use(self, step: str, what: str, graph: str, on_scratch: Callable[[], object]) -> None:
+    def _first_use(self, step: str, what: str, graphs: dict[str, Callable], on_scratch: Callable[[], object]) -> None:
         """A step's first call at a shape compiles its graphs (or reads them from disk): run it once
-        on a scratch state, so that should compiling fail, the real state is untouched and the
-        `graph` attribute runs eagerly from then on."""
+        on a scratch state, so that should compiling fail, the real state is untouched and each of
+        `graphs` (attribute -> its eager function) runs eagerly from then on."""
         self.say(what)
         started = time.perf_counter()
         try:
             on_scratch()
         except Exception as e:  # noqa: BLE001 - any compiler failure means: run this step eagerly
-            setattr(self, graph, _layer_step)
-            _say_eager(e)
+            for attribute, eager in graphs.items():
+                setattr(self, attribute, eager)
+            if not self.said_eager:
+                self.said_eager = True
+                _say_eager(e)
         finally:
             self.seconds[step] = time.perf_counter() - started
             self.say(None)
@@ -139,42 +175,23 @@ def wanted(model, device: torch.device, weight_bytes: int) -> bool:
     return setting == "1" or weight_bytes >= MIN_WEIGHT_BYTES
 
 
-def compile_steps(model, announce: Callable[[str | None], None] | None = None) -> bool:
-    """Run `model`'s steps compiled from now on: the prefill graphs are built (and checked) now
-    on a scratch state, the decode graphs on first use.
-
-    Returns whether the model now runs compiled; on any failure it stays eager. `announce`:
-    `CompiledSteps.announce`.
-    """
+def compile_steps(model, announce: Callable[[str | None], None] | None = None) -> None:
+    """Run `model`'s steps compiled from now on; each is built at its first use (see the module
+    docstring). `announce`: `CompiledSteps.announce`."""
     # One compiled function serves every layer of a kind; variants: kind × batch size ×
     # diagnostics on/off × stacked rows. The default limit (8) would be reached.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     trust_the_cpus_vector_flags()
-    eager, steps = model.steps, CompiledSteps()
-    model.steps = model.compiled = steps
+    steps = CompiledSteps()
     steps.announce = announce
-    steps.say("compiling the prefill step")
-    try:
-        from torch._inductor import inductor_prims  # noqa: F401 - registers the prim `ops.linear` uses (1 s to import)
-
-        zeros = torch.zeros(1, WARM_UP_TOKENS, dtype=torch.long, device=model.device)
-        started = time.perf_counter()
-        model.prefill(zeros, model.new_state(1))  # decode graphs compile on first use
-        steps.seconds["prefill"] = time.perf_counter() - started
-    except Exception as e:  # noqa: BLE001 - any compiler failure means: run eagerly
-        model.steps, model.compiled = eager, None
-        _say_eager(e)
-        return False
-    finally:
-        steps.say(None)
-    return True
+    model.steps = model.compiled = steps
 
 
 def trust_the_cpus_vector_flags() -> None:
     """Let inductor take the vector ISAs the CPU reports (/proc/cpuinfo) without proving each one
     by compiling and loading a probe program: the probes cost a first run ~7 s and every later
-    process ~1 s. Should the compiler fail to build for the ISA after all, the prefill compile at
-    load fails and the model runs eagerly (`compile_steps`)."""
+    process ~1 s. Should the compiler fail to build for the ISA after all, each step's first
+    compile fails and it runs eagerly."""
     if os.environ.get(ISA_CHECK_ENV) is None:
         torch._inductor.config.cpp.vec_isa_ok = True
 

@@ -38,6 +38,9 @@ class Steps:
         hidden, stats = model.run_layers(token_ids[:, None], state, with_stats)
         return self.head(model, hidden[:, -1]), stats
 
+    def will_read(self, model: RecurrentModel, tokens: int) -> None:
+        """Told before a prefill block of `tokens` is read (compiled steps may build graphs then)."""
+
     def verify(self, model: RecurrentModel, token_ids: Tensor, state: State) -> Tensor:
         """A drafted span [B, T] through every layer and the head → logits [B, T, V]; the state is
         left in a draft (`RecurrentModel.verify`). The head runs eagerly: T changes from step to step."""
@@ -100,6 +103,7 @@ class RecurrentModel(nn.Module):
         blocks: list[tuple[int, LayerStats]] = []
         for start in range(0, input_ids.shape[1], self.prefill_block_tokens):
             block = input_ids[:, start : start + self.prefill_block_tokens]
+            self.steps.will_read(self, block.shape[1])
             hidden, stats = self.run_layers(block, state, with_stats=True)
             blocks.append((block.shape[1], stats))
         self._report(merge_block_stats(blocks), state, "prefill", input_ids.shape[1])
