@@ -173,3 +173,23 @@ def free_verify(batch: int = 3):
     from test_speculative import FixedCosts
 
     return FixedCosts(batch, 0.0)
+
+
+def test_where_drafting_does_not_pay_the_head_guesses_nothing_but_keeps_its_cache_in_step(family):
+    """The planner decides first: with verifying as dear as decoding it drafts nothing, and the
+    head then only reads what each step landed (one position a step), so a text with nothing to
+    gain costs little more than the head's one layer."""
+    from test_speculative import FixedCosts
+
+    _, _, model = family
+    prompt = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(6))
+    state = model.new_state(1)
+    first = model.prefill(prompt, state)
+    drafts = MTPDrafts(model, state)
+    guesses = []
+    real_propose = drafts.propose
+    drafts.propose = lambda most: guesses.append(most) or real_propose(most)
+    out = generate_batch(model, None, state, tokenizer=TOK, stop_ids=[], max_new_tokens=20, first_logits=first,
+                         speculate=4, drafters=drafts, draft_costs=FixedCosts(1, 1.0))[0]
+    assert out.draft_tokens == 0 and set(guesses) == {0}
+    assert drafts.state.position == state.position - 1 and drafts.state.kv_tokens == 19  # all but the last step's

@@ -393,12 +393,16 @@ def _speculative_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor
                 drafters[row].append(tid)
         if not rows.running:
             return
-        if batched:
-            candidates = [d if row in rows.running else [] for row, d in enumerate(drafters.propose(most))]
+        if batched:  # the head drafts only what the planner will verify, and its time is the pass's
+            started = time.perf_counter()
+            width = planner.width([most if row in rows.running else 0 for row in range(batch)], len(rows.running))
+            candidates = [d if row in rows.running else [] for row, d in enumerate(drafters.propose(width))]
+            width = max(map(len, candidates), default=0)  # nothing before the head has read a position
         else:
             candidates = [drafters[row].propose(most) if row in rows.running else [] for row in range(batch)]
-        width = planner.width([len(c) for c in candidates], len(rows.running))
-        timing = (width, time.perf_counter())
+            width = planner.width([len(c) for c in candidates], len(rows.running))
+            started = time.perf_counter()
+        timing = (width, started)
         if width == 0:
             token = sample(model.decode(token, state))
             if batched:

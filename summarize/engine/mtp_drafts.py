@@ -54,9 +54,10 @@ class MTPDrafts:
         self.pending = (hidden, following, counts)
 
     def propose(self, most: int) -> list[list[int]]:
-        """Up to `most` drafted tokens per row ([] for every row before anything has landed)."""
+        """Up to `most` drafted tokens per row ([] for every row before anything has landed). The
+        head reads what landed whatever `most`: with 0 it only keeps its cache in step."""
         batch = self.state.batch_size
-        if self.pending is None or most <= 0:
+        if self.pending is None:
             return [[] for _ in range(batch)]
         hidden, following, counts = self.pending
         self.pending = None
@@ -64,6 +65,8 @@ class MTPDrafts:
         self.state.begin_draft()
         out = self._run(following, self.head.target_hidden(hidden))
         self.state.accept(counts)
+        if most <= 0:
+            return [[] for _ in range(batch)]
         last = out.gather(1, (counts - 1)[:, None, None].expand(-1, 1, out.shape[-1]))  # [B, 1, H]
         guesses = [self._guess(last)]
         if most > 1:
