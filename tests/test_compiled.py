@@ -239,24 +239,6 @@ def test_an_unusable_cache_folder_leaves_torchs_default(monkeypatch, tmp_path):
     assert compiled.CACHE_ENV not in os.environ
 
 
-def test_a_decode_step_that_fails_to_compile_runs_eagerly_with_the_same_logits(folder, capsys):
-    """A decode graph is first built on a scratch state: if that fails, the real state is left as
-    it was and every step of the run decodes eagerly, said once on stderr."""
-    eager = load_model(folder, device="cpu", dtype=torch.float32, compile=False)
-    model = compiled_from_the_start(load_model(folder, device="cpu", dtype=torch.float32, compile=True))
-
-    def fails_to_compile(*args):
-        raise RuntimeError("C++ compile failed: no such compiler")
-
-    model.compiled.decode_layer = fails_to_compile
-    states = eager.new_state(1), model.new_state(1)
-    for m, state in zip((eager, model), states):
-        m.prefill(prompt(9, seed=3), state)
-    for token in (4, 8, 1):
-        assert_close(model.decode(torch.tensor([token]), states[1]), eager.decode(torch.tensor([token]), states[0]))
-    assert capsys.readouterr().err.count("running without torch.compile (C++ compile failed") == 1
-
-
 def test_compiled_verify_lands_rows_where_eager_verify_does_through_one_graph_for_every_draft_length(models):
     """Drafts of any length verify through the same compiled graphs (one shorter than
     VERIFY_MIN_TOKENS is padded, and the padding never lands): the logits of eager verify, and
@@ -299,17 +281,21 @@ def test_a_batch_size_compiles_its_verify_step_after_a_few_eager_verify_passes(f
         if len(heard) == 0:
             assert model.compiled.verified[rows] < first
     assert heard == ["compiling the verify step for 1 row", None]
-    assert set(model.compiled.seconds) == {"verify B=1"} and model.compiled.verify_rows == {1}
+    assert set(model.compiled.seconds) == {"verify B=1"}
+    assert model.compiled.verified[3] == 3 and not model.compiled.compiles_verify(3)
 
 
-def test_a_verify_step_that_fails_to_compile_runs_eagerly_with_the_same_logits(folder, capsys):
+@pytest.mark.parametrize("graph", ["decode_layer", "verify_layer"])
+def test_a_step_that_fails_to_compile_runs_eagerly_with_the_same_logits(folder, capsys, graph):
+    """A decode or verify graph is first built on a scratch state: if that fails, the real state is
+    left as it was and every such step of the run runs eagerly, said once on stderr."""
     eager = load_model(folder, device="cpu", dtype=torch.float32, compile=False)
     model = compiled_from_the_start(load_model(folder, device="cpu", dtype=torch.float32, compile=True))
 
     def fails_to_compile(*args):
         raise RuntimeError("C++ compile failed: no such compiler")
 
-    model.compiled.verify_layer = fails_to_compile
+    setattr(model.compiled, graph, fails_to_compile)
     states = eager.new_state(1), model.new_state(1)
     for m, state in zip((eager, model), states):
         m.prefill(prompt(9, seed=3), state)
@@ -317,5 +303,6 @@ def test_a_verify_step_that_fails_to_compile_runs_eagerly_with_the_same_logits(f
         assert_close(model.verify(torch.tensor([span]), states[1]), eager.verify(torch.tensor([span]), states[0]))
         for m, state in zip((eager, model), states):
             m.accept(state, torch.tensor([len(span)]))
-    assert_close(model.decode(torch.tensor([3]), states[1]), eager.decode(torch.tensor([3]), states[0]))
+        for token in span:
+            assert_close(model.decode(torch.tensor([token]), states[1]), eager.decode(torch.tensor([token]), states[0]))
     assert capsys.readouterr().err.count("running without torch.compile (C++ compile failed") == 1

@@ -72,7 +72,6 @@ class CompiledSteps(Steps):
         self.eager_verifies = EAGER_VERIFIES  # per batch size, before its verify graphs are built
         self.prefill_ready = False  # whether prefill runs through its graphs (or they failed: eager)
         self.verified: dict[int, int] = {}  # batch size -> verify passes run
-        self.verify_rows: set[int] = set()  # batch sizes whose verify passes run through graphs
         self.said_eager = False
         self.decode_layer = torch.compile(_layer_step, dynamic=False)
         # code objects of their own: compiled graphs are cached per code object
@@ -86,7 +85,7 @@ class CompiledSteps(Steps):
         if not layer_state.drafting:
             step = self.prefill_layer if self.prefill_ready else _layer_step
             return step(layer, x, layer_state, context, with_stats)
-        if x.shape[0] not in self.verify_rows:
+        if not self.compiles_verify(x.shape[0]):
             return _layer_step(layer, x, layer_state, context, with_stats)
         # A draft's first length may equal a state dimension (the conv window's 3); left to
         # itself, dynamo would tie the two and compile again for the next length.
@@ -116,21 +115,29 @@ class CompiledSteps(Steps):
                             lambda: super(CompiledSteps, self).decode(model, token_ids, model.new_state(rows), with_stats))
         return super().decode(model, token_ids, state, with_stats)
 
-    def verify(self, model, token_ids: Tensor, state) -> Tensor:
-        rows, tokens = token_ids.shape
-        self.verified[rows] = self.verified.get(rows, 0) + 1
-        if rows not in self.verify_rows:
-            if self.verified[rows] <= self.eager_verifies:
-                return super().verify(model, token_ids, state)
-            self.verify_rows.add(rows)
+    def compiles_verify(self, rows: int) -> bool:
+        """Whether verify passes of `rows` rows run through their graphs (past the eager ones)."""
+        return self.verified.get(rows, 0) > self.eager_verifies
 
+    def verify(self, model, token_ids: Tensor, state) -> Tensor:
+        rows = token_ids.shape[0]
+        self.verified[rows] = self.verified.get(rows, 0) + 1
+        if not self.compiles_verify(rows):
+            return super().verify(model, token_ids, state)
+        if f"verify B={rows}" not in self.seconds:
             def on_scratch():
                 scratch = model.new_state(rows)
-                self.verify(model, token_ids, scratch)
+                self._verify_padded(model, token_ids, scratch)
                 scratch.accept(torch.ones(rows, dtype=torch.long, device=token_ids.device))
 
             self._first_use(f"verify B={rows}", f"compiling the verify step for {_rows(rows)}", {"verify_layer": _layer_step}, on_scratch)
-        if tokens < VERIFY_MIN_TOKENS:  # one graph for every length; the padding is never accepted
+        return self._verify_padded(model, token_ids, state)
+
+    def _verify_padded(self, model, token_ids: Tensor, state) -> Tensor:
+        """One graph for every length: a span shorter than VERIFY_MIN_TOKENS is padded with its
+        last token, and the padding's logits dropped (it is never accepted)."""
+        rows, tokens = token_ids.shape
+        if tokens < VERIFY_MIN_TOKENS:
             padding = token_ids[:, -1:].expand(rows, VERIFY_MIN_TOKENS - tokens)
             return super().verify(model, torch.cat([token_ids, padding], dim=1), state)[:, :tokens]
         return super().verify(model, token_ids, state)

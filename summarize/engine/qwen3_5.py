@@ -555,9 +555,10 @@ def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype,
     fused = not cfg.num_experts or prefix + "layers.0.mlp.experts.gate_up_proj" in checkpoint
     shapes = checkpoint_shapes(cfg, fused_experts=fused)
     mtp_fused = not cfg.num_experts or MTP_LAYER + "mlp.experts.gate_up_proj" in checkpoint
-    with_mtp = all(name in checkpoint for name in mtp_shapes(cfg, fused_experts=mtp_fused))
+    head = mtp_shapes(cfg, fused_experts=mtp_fused)
+    with_mtp = all(name in checkpoint for name in head)
     if with_mtp:
-        shapes |= mtp_shapes(cfg, fused_experts=mtp_fused)
+        shapes |= head
 
     def take(name: str) -> Tensor | Int8Rows:
         full = name if name == "lm_head.weight" or name.startswith("mtp.") else prefix + name
