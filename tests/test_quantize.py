@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from summarize.engine import load_model
+from summarize.engine.compiled import PREFILL_COMPILE_TOKENS
 from summarize.engine.ops.linear import INT4_GROUP, INT4_KERNEL_MAX_ROWS, INT4_LEVELS, INT8_MAX, Projection, dequantize_int4
 from summarize.errors import SummarizeError
 from tiny_models import RWKV6_TINY, RWKV_TINY, blinkdl_checkpoint, dense_reference, rwkv6_checkpoint, save_checkpoint
@@ -93,6 +95,17 @@ def test_compiled_decode_equals_eager_decode(folder, mode, tolerance):
         logits[name] = torch.stack([model.decode(torch.tensor([t]), state) for t in (7, 1, 8)])
     scale = logits["eager"].abs().max()
     assert (logits["compiled"] - logits["eager"]).abs().max() <= tolerance * scale
+
+
+def test_the_prefill_warm_up_builds_the_graph_a_full_block_runs(folder):
+    """int4 switches kernels at INT4_KERNEL_MAX_ROWS rows: the warm-up that builds the prefill
+    graphs reads more than that, so the full block read after it compiles no second graph."""
+    after_warm_up = []  # graphs compiled when the announced compile ends
+    model = load_model(folder, device="cpu", dtype=torch.float32, compile=True, quantize="int4",
+                       announce=lambda what: what or after_warm_up.append(counters["stats"]["unique_graphs"]))
+    assert any(part.scale_and_zero is not None for part in model.modules() if isinstance(part, Projection))
+    model.prefill(torch.arange(PREFILL_COMPILE_TOKENS)[None] % VOCAB, model.new_state(1))
+    assert len(after_warm_up) == 1 and counters["stats"]["unique_graphs"] == after_warm_up[0]
 
 
 def test_unknown_quantization_is_a_clear_error(folder):

@@ -44,13 +44,15 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     """x [..., K] times weight [N, K] transposed → [..., N] in x's dtype, accumulated in fp32."""
     if not torch.compiler.is_compiling() or x.numel() // x.shape[-1] > STREAMED_MAX_ROWS:
         return F.linear(x, weight)
-    return _streamed(x, weight, None)
+    return _streamed(x, weight)
 
 
 def linear_int8(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
-    """x [..., K] times (weight int8 [N, K] · scale [N]) transposed → [..., N] in x's dtype."""
-    if torch.compiler.is_compiling() and x.numel() // x.shape[-1] <= STREAMED_MAX_ROWS:
-        return _streamed(x, weight, scale)
+    """x [..., K] times (weight int8 [N, K] · scale [N]) transposed → [..., N] in x's dtype.
+
+    Compiled or not, a few rows go through torch's int8 kernel: on a 2-core Xeon it reads int8
+    faster than a streamed loop (which converts each weight to fp32) does, a decode step 78-84 →
+    71-73 ms on the 0.8B shape."""
     rows = x.reshape(-1, x.shape[-1])
     if rows.shape[0] <= INT8_PACKED_MAX_ROWS and x.device.type == "cpu":
         out = torch._weight_int8pack_mm(rows.contiguous(), weight, scale)
@@ -102,13 +104,11 @@ def rows_fp32(x: Tensor) -> Tensor:
     return torch.ops.prims.inductor_force_stride_order(rows, rows.stride())
 
 
-def _streamed(x: Tensor, weight: Tensor, scale: Tensor | None) -> Tensor:
+def _streamed(x: Tensor, weight: Tensor) -> Tensor:
     rows = rows_fp32(x)
     # [N, rows, K] summed over K: the loop runs over weight rows outermost, so each one is read
     # from memory once however many input rows there are.
     out = (weight.float()[:, None, :] * rows[None]).sum(-1)
-    if scale is not None:
-        out = out * scale.float()[:, None]
     return out.t().reshape(*x.shape[:-1], weight.shape[0]).to(x.dtype)
 
 
