@@ -41,15 +41,25 @@ Method
   --repeats, with the head read for the whole vocabulary and for the prompt's tokens only; and,
   from that and (i), the least per-token chance α of a draft being kept at which drafting pays.
   Random weights cannot say how often a real head's guesses are kept.
-- (iv) llama.cpp's n-gram speculation is not run here: it needs llama.cpp built beside us
-  (bench/README.md has the recipe) and a text it can copy from; its cell shows –.
+- (iv) Real drafts on a real text, beside llama.cpp's n-gram speculation (with
+  --llama-speculative and --gguf: llama.cpp built beside us, bench/README.md has the recipe, and
+  the same weights converted to GGUF). Both engines read the first TEXT_CHARS characters of the
+  sample (about 520 tokens) and write --tokens greedy tokens, plain and speculative in turns,
+  --runs pairs, the median of the paired ratios. Ours: prompt lookup from the text and the output
+  (`summarize`'s drafter, up to DEFAULT_SPECULATE tokens) against --speculate 0, timed from the
+  first token. llama.cpp: `llama-speculative-simple --spec-type ngram-simple` (its "decoded ...
+  speed" line) against `llama-completion` on the same text (its eval line; speculative-simple
+  refuses `--spec-type none`). Random weights write no text that repeats the prompt or itself,
+  so this shows what each engine's speculation costs where it finds nothing to copy.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -62,13 +72,16 @@ sys.path.insert(0, str(ROOT))
 
 from summarize.engine import load_model  # noqa: E402
 from summarize.engine.drafts import DraftCosts  # noqa: E402
-from summarize.engine.generate import generate_batch  # noqa: E402
+from summarize.engine.generate import generate, generate_batch  # noqa: E402
 from summarize.engine.tokenizer import Tokenizer  # noqa: E402
+from summarize.types import DEFAULT_SPECULATE  # noqa: E402
 
 VERIFY_DRAFTS = (1, 2, 4, 8)
 SHARES = (0.0, 0.3, 0.5, 0.7, 0.9)
 QUICK_SHARES = (0.0, 0.5, 0.7)  # those of the last line
 ORACLE_DRAFTS = 8
+SAMPLE_TEXT = ROOT / "samples" / "target-tier-policy.txt"
+TEXT_CHARS = 2500  # of the sample, (iv)'s prompt: about 520 tokens
 
 
 def log(message: str) -> None:
@@ -249,6 +262,73 @@ def throughput(model, tokenizer, prompt: torch.Tensor, tokens: int, runs: int, s
     return result
 
 
+def same_text_ours(model, tokenizer, text: str, tokens: int, runs: int) -> dict:
+    """(iv), ours: prompt lookup against --speculate 0 on `text`, tok/s from the first token."""
+    ids = tokenizer.encode(text)
+
+    def run(speculate: int):
+        state = model.new_state(1)
+        first = model.prefill(torch.tensor([ids]), state)
+        start = time.perf_counter()
+        out = generate(model, None, state, tokenizer=tokenizer, stop_ids=[], max_new_tokens=tokens,
+                       first_logits=first, speculate=speculate, context=ids)
+        return out, len(out.token_ids) / (time.perf_counter() - start)
+
+    run(DEFAULT_SPECULATE)  # warm-up
+    pairs, drafted, kept = [], 0, 0
+    for _ in range(runs):
+        _, plain = run(0)
+        spec, rate = run(DEFAULT_SPECULATE)
+        pairs.append((plain, rate))
+        drafted, kept = drafted + spec.draft_tokens, kept + spec.accepted_tokens
+    return _paired(pairs, drafted, kept, runs) | {"prompt": len(ids)}
+
+
+def same_text_llama(binary: str, gguf: str, text: str, tokens: int, runs: int, threads: int) -> dict:
+    """(iv), llama.cpp: ngram-simple speculation against plain decoding of the same text."""
+    bin_dir = Path(binary).parent
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as prompt_file:
+        prompt_file.write(text)
+        prompt_file.flush()
+        common = ["-m", gguf, "-f", prompt_file.name, "-n", str(tokens), "-t", str(threads), "--temp", "0", "-c", "4096"]
+
+        def plain() -> float:
+            err = _run([str(bin_dir / "llama-completion"), *common, "-no-cnv", "--ignore-eos"])
+            return float(_find(r":\s+eval time =.*?([\d.]+) tokens per second", err))  # not "prompt eval time"
+
+        def speculative() -> tuple[float, int, int]:
+            err = _run([binary, *common, "--spec-type", "ngram-simple"])
+            return (float(_find(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", err)),
+                    int(_find(r"n_drafted\s*=\s*(\d+)", err)), int(_find(r"n_accept\s*=\s*(\d+)", err)))
+
+        pairs, drafted, kept = [], 0, 0
+        for _ in range(runs):
+            rate_plain = plain()
+            rate, d, k = speculative()
+            pairs.append((rate_plain, rate))
+            drafted, kept = drafted + d, kept + k
+    return _paired(pairs, drafted, kept, runs)
+
+
+def _paired(pairs: list[tuple[float, float]], drafted: int, kept: int, runs: int) -> dict:
+    return dict(plain=statistics.median(p for p, _ in pairs), spec=statistics.median(s for _, s in pairs),
+                ratio=statistics.median(s / p for p, s in pairs), drafted=drafted / runs, kept=kept / max(drafted, 1))
+
+
+def _run(command: list[str]) -> str:
+    done = subprocess.run(command, capture_output=True, text=True, errors="replace")  # random weights write broken UTF-8
+    if done.returncode != 0:
+        raise SystemExit(f"{Path(command[0]).name} failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
+    return done.stderr
+
+
+def _find(pattern: str, text: str) -> str:
+    found = re.search(pattern, text)
+    if found is None:
+        raise SystemExit(f"llama.cpp's output has no line matching {pattern!r}")
+    return found.group(1)
+
+
 def build_tiny(folder: Path) -> Path:
     sys.path.insert(0, str(ROOT / "tests"))
     from tiny_models import dense_reference, save_checkpoint
@@ -268,7 +348,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="fewer repeats and tokens: under 10 minutes")
     parser.add_argument("--tiny", action="store_true", help="a tiny random model: checks the script, not speed")
+    parser.add_argument("--llama-speculative", help="llama.cpp's llama-speculative-simple (llama-completion beside it): (iv)")
+    parser.add_argument("--gguf", help="the same weights converted by llama.cpp's converter, for --llama-speculative")
     args = parser.parse_args()
+    if bool(args.llama_speculative) != bool(args.gguf):
+        parser.error("--llama-speculative and --gguf go together")
     shares = SHARES
     if args.quick:
         args.repeats, args.runs, args.tokens, shares = 5, 2, 64, QUICK_SHARES
@@ -299,6 +383,12 @@ def main() -> None:
         mtp = mtp_costs(model, prompt, args.repeats)
     log("tokens/s at shares of drafts kept (B=1)")
     rates = throughput(model, tokenizer, prompt, args.tokens, args.runs, shares)
+    text = SAMPLE_TEXT.read_text()[:TEXT_CHARS]
+    log("(iv) real drafts on the sample's text")
+    same_text = {"ours, prompt lookup": same_text_ours(model, tokenizer, text, args.tokens, args.runs)}
+    if args.llama_speculative:
+        same_text["llama.cpp, ngram-simple"] = same_text_llama(args.llama_speculative, args.gguf, text, args.tokens,
+                                                               args.runs, args.threads)
 
     print(f"\n{args.folder.name}, {args.dtype}, {args.threads} threads, prompt {args.prompt} tokens, "
           f"{args.tokens} tokens per run, compiled: {model.compiled is not None}\n")
@@ -316,13 +406,19 @@ def main() -> None:
             pays = f"pays from α = {even[0]:.2f} per drafted token (k = {even[1]})" if even else "never pays"
             print(f"| MTP drafts read for {what}, k: × a step | {costs_k}; {pays} | – |")
     print("\n| drafts kept (oracle, k = 8) | plain tok/s | always 8 drafts: kept, tok/s, × plain | "
-          "as `summarize` plans: drafted per run, tok/s, × plain | tokens equal to plain's (fewest) | llama.cpp n-gram |")
-    print("|---|---|---|---|---|---|")
+          "as `summarize` plans: drafted per run, tok/s, × plain | tokens equal to plain's (fewest) |")
+    print("|---|---|---|---|---|")
     for share in shares:
         forced, planned = rates[share]["forced"], rates[share]["planned"]
         same = min(forced["same"], planned["same"])
         print(f"| {share:.0%} | {forced['plain']:.1f} | {forced['kept']:.0%}, {forced['spec']:.1f}, {forced['ratio']:.2f} | "
-              f"{planned['drafted']:.0f}, {planned['spec']:.1f}, {planned['ratio']:.2f} | {same}/{args.tokens} | – |")
+              f"{planned['drafted']:.0f}, {planned['spec']:.1f}, {planned['ratio']:.2f} | {same}/{args.tokens} |")
+    prompt_tokens = same_text["ours, prompt lookup"]["prompt"]
+    print(f"\n| (iv) real drafts, the sample's first {prompt_tokens} tokens | plain tok/s | drafted per run, kept | "
+          "speculative tok/s | × plain |")
+    print("|---|---|---|---|---|")
+    for engine, row in same_text.items():
+        print(f"| {engine} | {row['plain']:.1f} | {row['drafted']:.0f}, {row['kept']:.0%} | {row['spec']:.1f} | {row['ratio']:.2f} |")
     line = ", ".join(f"{share:.0%} {rates[share]['planned']['ratio']:.2f}x" for share in (0.0, 0.5, 0.7))
     print(f"\nspeculative: verify8 {costs[1][8]:.2f}x a step, {line} plain decode")
 
