@@ -31,16 +31,17 @@ import torch
 from torch import Tensor
 
 from summarize.engine.model import Steps
+from summarize.engine.ops.linear import INT4_KERNEL_MAX_ROWS
 from summarize.user_cache import user_cache_folder
 
 ENV = "SUMMARIZE_COMPILE"  # "0": never compile, "1": always (where the device allows)
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # where inductor keeps the kernels it built
 ISA_CHECK_ENV = "TORCHINDUCTOR_VEC_ISA_OK"  # set: inductor's own choice about probing the CPU's vector ISAs
 MIN_WEIGHT_BYTES = 200 * 2**20  # below this, compiling takes longer than it saves
-# Tokens of the prefill warm-up: more rows than any projection switches kernels at (`ops.linear`:
-# int4's 64), so that the graph it builds is the one a full block runs, and a length that equals
-# no other dimension, so that the graph keeps the length symbolic rather than tying it to a size
-WARM_UP_TOKENS = 67
+# Tokens of the prefill warm-up: more rows than any projection switches kernels at (int4's, the
+# largest), so that the graph it builds is the one a full block runs, and a length that equals no
+# other dimension (67), so that the graph keeps the length symbolic rather than tying it to a size
+WARM_UP_TOKENS = INT4_KERNEL_MAX_ROWS + 3
 # A read of this many tokens builds the prefill graphs (a prefill block is at most 1,024 tokens):
 # shorter reads before it run eagerly
 PREFILL_COMPILE_TOKENS = 1024

@@ -27,7 +27,7 @@ INT8_MAX = 127
 # Up to this many input rows a compiled step streams the weights itself; with more, the per-row
 # work makes the loop compute-bound and torch's GEMM wins.
 STREAMED_MAX_ROWS = 2
-INT8_PACKED_MAX_ROWS = 16  # up to this many input rows, eager int8 uses torch's packed int8 GEMV
+INT8_PACKED_MAX_ROWS = 16  # up to this many input rows, int8 uses torch's packed int8 GEMV (compiled or not)
 QUANTIZE_BLOCK_ROWS = 8192  # rows quantized at a time: bounded fp32 temporaries
 INT4_LEVELS = 15  # codes 0..15, read as (code - 8) · scale + zero by torch's kernel
 INT4_GROUP = 64  # input channels per scale and zero (torch's kernel takes 32, 64, 128 or 256)
