@@ -68,8 +68,14 @@ def cpu_multiplies_bf16() -> bool:
     if not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return False
     if platform.machine().lower() in ("x86_64", "amd64", "x86", "i386", "i686"):
-        return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+        return _cpu_reports("avx512_bf16") or _cpu_reports("amx_tile")
     return True
+
+
+def _cpu_reports(feature: str) -> bool:
+    """torch's own CPU feature check (`torch.cpu._is_<feature>_supported`); False where this torch lacks it."""
+    check = getattr(torch.cpu, f"_is_{feature}_supported", None)
+    return bool(check is not None and check())
 
 
 def resolve_source(source: str | os.PathLike) -> Path:
