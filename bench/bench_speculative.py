@@ -73,6 +73,7 @@ sys.path.insert(0, str(ROOT))
 from summarize.engine import load_model  # noqa: E402
 from summarize.engine.drafts import DraftCosts  # noqa: E402
 from summarize.engine.generate import generate, generate_batch  # noqa: E402
+from summarize.engine.loading import default_dtype  # noqa: E402
 from summarize.engine.tokenizer import Tokenizer  # noqa: E402
 from summarize.types import DEFAULT_SPECULATE  # noqa: E402
 
@@ -363,6 +364,8 @@ def main() -> None:
     if args.folder is None:
         parser.error("give --folder (bench/random_checkpoint.py 0.8B FOLDER writes one) or --tiny")
     log(f"loading {args.folder} ({args.dtype}, {args.threads} threads)")
+    if args.dtype == "bfloat16" and default_dtype(torch.device("cpu")) != torch.bfloat16:
+        log("note: this CPU has no bf16 instructions (torch widens bf16 in software); summarize runs fp32 here: --dtype float32")
     model = load_model(str(args.folder), device="cpu", dtype=getattr(torch, args.dtype))
     if model.compiled is not None:
         model.compiled.eager_verifies = 0  # the verify graphs from the first pass: it is their cost we measure
