@@ -4,11 +4,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from summarize.engine.ops.linear import WEIGHT_FIRST_MAX_ROWS, linear
+from summarize.engine.ops.linear import WEIGHT_FIRST_MAX_ROWS, WEIGHT_FIRST_MIN_ROWS, linear
+
+# either side of each switch between the orders, and rows in more than one dimension
+ROW_COUNTS = [(1,), (WEIGHT_FIRST_MIN_ROWS - 1,), (WEIGHT_FIRST_MIN_ROWS,), (2, 4), (WEIGHT_FIRST_MAX_ROWS,),
+              (WEIGHT_FIRST_MAX_ROWS + 1,), (4, 9)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(1,), (3,), (2, 4), (WEIGHT_FIRST_MAX_ROWS,), (WEIGHT_FIRST_MAX_ROWS + 1,), (4, 9)])
+@pytest.mark.parametrize("shape", ROW_COUNTS)
 def test_linear_is_x_times_the_weight_transposed(dtype, shape):
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(*shape, 96, generator=gen).to(dtype)

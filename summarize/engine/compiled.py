@@ -1,9 +1,10 @@
 """The model's steps through `torch.compile`, swapped in from outside the model, with a clean fall
 back to eager execution.
 
-Decoding one token is memory-bound: compiled, each layer becomes a few fused loops and every
-projection a streaming reduction (`ops.linear`), where eagerly torch's CPU GEMM reads the weights
-slowly for one row and the small ops around each layer add their own passes. One compiled
+Decoding one token is memory-bound: compiled, each layer becomes a few fused loops around its
+projections (in bf16 each a streaming reduction, where torch's bf16 GEMM reads the weights slowly
+for one row; in fp32 torch's GEMM, `ops.linear`), where eagerly the small ops around each layer add
+their own passes. One compiled
 function serves every layer of a kind (its weights are the graph's inputs), so a model compiles
 a handful of small graphs, not one per layer. Prefill compiles with dynamic shapes, so one graph
 per layer kind serves every length; the delta rule stays one opaque op. Decode graphs are

@@ -1,10 +1,11 @@
 """x @ Wᵀ in every form the engine needs: eager, inside a compiled decode step, and int8.
 
-Eagerly, `linear` is torch's GEMM. Inside `torch.compile`, for one or two input rows, it is a
+In fp32 on a CPU, compiled or not, `linear` is torch's GEMM, asked in the order that reads the
+weight fastest for the number of rows: x @ Wᵀ for 1 to 3 rows (as fast as one row), W @ xᵀ up to a
+few dozen, x @ Wᵀ for more. In bf16, inside `torch.compile`, for one or two input rows, it is a
 multiply-and-sum over the input dimension that inductor turns into one pass over the weight rows:
-torch's CPU GEMM is built for many rows and reads the weights slowly for one. With more rows the
-compiled steps call torch's GEMM as eager code does; in fp32, up to a few dozen rows, with the
-weight as its first operand, the order in which torch's CPU GEMM reads a wide weight fastest.
+torch's bf16 GEMM is built for many rows and reads the weights slowly for one. With more rows, or
+eagerly, it is torch's GEMM.
 
 `Projection` holds one weight matrix: in the model's dtype, as int8 with one scale per output row,
 or as int4 with a scale and a zero per group of input channels (weight-only quantization:
@@ -25,12 +26,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 INT8_MAX = 127
-# Up to this many input rows a compiled step streams the weights itself; with more, the per-row
-# work makes the loop compute-bound and torch's GEMM wins.
+# Up to this many input rows a compiled step in bf16 (or on a GPU) streams the weights itself; with
+# more, the per-row work makes the loop compute-bound and torch's GEMM wins.
 STREAMED_MAX_ROWS = 2
-# Up to this many rows, an fp32 product on a CPU is asked of torch's GEMM as W @ xᵀ (the weight
-# first) rather than x @ Wᵀ: for a few rows the first runs at about twice the speed (a 2-core
-# AVX-512 Xeon, the 0.8B head at 8 rows: 14 against 7 GB/s); at 72 rows the second wins.
+# In fp32 on a CPU, torch's GEMM (MKL) reads a weight as fast for 3 rows as for 1 when asked for
+# x @ Wᵀ (a 2-core AVX-512 Xeon: 22-24 GB/s, where a streamed loop reads 13-18); from 4 rows that
+# form drops to 7-12 GB/s, and W @ xᵀ, the weight first, holds 12-14 up to a few dozen rows (the
+# 0.8B head at 9 rows: 82 against 144 ms); at 72 rows x @ Wᵀ wins again.
+WEIGHT_FIRST_MIN_ROWS = 4
 WEIGHT_FIRST_MAX_ROWS = 32
 INT8_PACKED_MAX_ROWS = 16  # up to this many input rows, int8 uses torch's packed int8 GEMV (compiled or not)
 QUANTIZE_BLOCK_ROWS = 8192  # rows quantized at a time: bounded fp32 temporaries
@@ -48,10 +51,12 @@ INT4_BLOCK_ROWS = 64
 def linear(x: Tensor, weight: Tensor) -> Tensor:
     """x [..., K] times weight [N, K] transposed → [..., N] in x's dtype, accumulated in fp32."""
     rows = x.numel() // x.shape[-1]
+    if x.dtype == torch.float32 and x.device.type == "cpu":
+        if WEIGHT_FIRST_MIN_ROWS <= rows <= WEIGHT_FIRST_MAX_ROWS:
+            return torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t().reshape(*x.shape[:-1], weight.shape[0])
+        return F.linear(x, weight)
     if torch.compiler.is_compiling() and rows <= STREAMED_MAX_ROWS:
         return _streamed(x, weight)
-    if rows <= WEIGHT_FIRST_MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu":
-        return torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t().reshape(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight)
 
 
