@@ -222,8 +222,8 @@ class FreeVerify(DraftCosts):
     """Tells the planner that verifying more drafts saves time (a negative cost per draft), so it
     verifies all k every step whatever it has learnt of the share kept: the mechanism's own speed."""
 
-    def learn_verify(self, batch: int, drafts: int, seconds: float) -> None:
-        self.slope[batch] = -0.9 / ORACLE_DRAFTS
+    def cost(self, batch: int, drafts: int) -> float:
+        return 1.0 - 0.9 * drafts / ORACLE_DRAFTS
 
 
 def throughput(model, tokenizer, prompt: torch.Tensor, tokens: int, runs: int, shares: tuple[float, ...]) -> dict:

@@ -337,8 +337,8 @@ def test_drafts_kept_by_the_model_summarizer_are_counted(model_dir):
     from summarize.engine.drafts import DraftCosts
 
     class FreeVerify(DraftCosts):
-        def learn_verify(self, batch, drafts, seconds):
-            self.slope[batch] = 0.0
+        def cost(self, batch, drafts):
+            return 1.0
 
     session = load_session(Settings(model=str(model_dir), device="cpu", dtype="float32", temperature=0), lambda msg: None)
     session.draft_costs = FreeVerify()

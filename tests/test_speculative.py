@@ -286,7 +286,10 @@ class FixedCosts(DraftCosts):
 
     def __init__(self, batch: int, slope: float) -> None:
         super().__init__()
-        self.step, self.slope = {batch: 1.0}, {batch: slope}
+        self.step, self.fixed_slope = {batch: 1.0}, slope
+
+    def cost(self, batch, drafts):
+        return 1 + self.fixed_slope * drafts
 
     def learn_step(self, batch, seconds):
         pass
@@ -334,6 +337,35 @@ def test_the_planner_times_a_plain_step_first_and_probes_short():
     assert unmeasured.width([8], running=1) == 0
     probing = DraftPlanner(8, 1, costs(1, slope=None))
     assert 0 < probing.width([8], running=1) <= PROBE_DRAFTS
+
+
+def test_verify_costs_are_learnt_per_width_and_read_off_the_line_between_them():
+    known = DraftCosts()
+    assert known.cost(1, 2) is None  # nothing timed yet
+    known.learn_step(1, 0.100)
+    known.learn_verify(1, 2, 0.110)  # two drafts: 1.1 steps
+    assert known.cost(1, 2) == pytest.approx(1.1)
+    assert known.cost(1, 1) == pytest.approx(1.05)  # between no drafts (1 step) and two
+    assert known.cost(1, 8) == pytest.approx(1.4)  # past the widest: along the line to it
+    known.learn_verify(1, 8, 0.200)
+    assert known.cost(1, 8) == pytest.approx(2.0)
+    assert known.cost(1, 5) == pytest.approx(1.55)  # between 2 and 8
+    assert known.cost(2, 2) is None  # each batch size learns its own
+
+
+def test_the_planner_drafts_short_where_only_a_few_rows_verify_cheaply():
+    """A CPU whose GEMM reads up to three rows as fast as one: two drafts cost about a step, eight
+    cost two. With drafts kept half the time two pay best; kept nearly always, eight do."""
+    known = DraftCosts()
+    known.learn_step(1, 0.100)
+    known.learn_verify(1, 2, 0.105)
+    known.learn_verify(1, 8, 0.200)
+    sometimes, always = DraftPlanner(8, 1, known), DraftPlanner(8, 1, known)
+    for _ in range(20):
+        sometimes.learn_row(0, 2, 1)
+        always.learn_row(0, 8, 8)
+    assert sometimes.width([8], running=1) == 2
+    assert always.width([8], running=1) == 8
 
 
 def test_rows_without_a_draft_count_in_what_a_verify_pass_costs():

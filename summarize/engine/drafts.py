@@ -17,7 +17,7 @@ MAX_NGRAM = 3  # the longest n-gram looked up; shorter ones are tried when it is
 GAIN_MARGIN = 0.05  # draft only where the expected tokens per unit of time beat plain decoding by this
 PROBE_DRAFTS = 2  # the first verify at a batch size drafts at most this many: cheap where it does not pay
 PRIOR_DRAFTS = 2.0  # how many drafts a new row's first guess at its α weighs
-SLOPE_WEIGHT = 0.3  # weight of the newest verify in the learnt cost slope
+COST_WEIGHT = 0.3  # weight of the newest verify pass in a width's learnt cost
 # After this many steps in a row without verifying while drafts were there, probe again: a verify
 # once timed slow (the machine busy with something else) must not end speculation for good.
 REPROBE_STEPS = 32
@@ -54,12 +54,15 @@ class PromptLookup:
 
 class DraftCosts:
     """What verifying drafts costs on this machine, learnt from the calls themselves: per batch size,
-    the wall time of a plain decode step and `slope`, the share of a step that each drafted token
-    adds to a verify pass (cost(k drafts) = a step × (1 + slope·k)). Kept across generations."""
+    the wall time of a plain decode step, and for each number of drafts verified what the pass cost
+    in steps. A width not yet verified is read off the line through the measured ones (through one
+    step for no drafts; past the widest, along the line from there to the widest): verifying is
+    not linear in the drafts where a CPU's GEMM reads a few rows as fast as one and more rows
+    slower (docs/performance.md). Kept across generations."""
 
     def __init__(self) -> None:
         self.step: dict[int, float] = {}  # batch size -> fastest plain step seen, seconds
-        self.slope: dict[int, float] = {}  # batch size -> learnt slope
+        self.verify: dict[int, dict[int, float]] = {}  # batch size -> drafts -> learnt cost, in steps
         self.kept = self.rejected = 1.0  # drafted tokens kept and drafts cut short, every row so far
 
     @property
@@ -74,9 +77,25 @@ class DraftCosts:
         step = self.step.get(batch)
         if step is None or drafts == 0:
             return
-        seen = max(0.0, (seconds / step - 1) / drafts)
-        old = self.slope.get(batch)
-        self.slope[batch] = seen if old is None else (1 - SLOPE_WEIGHT) * old + SLOPE_WEIGHT * seen
+        seen = max(1.0, seconds / step)
+        known = self.verify.setdefault(batch, {})
+        old = known.get(drafts)
+        known[drafts] = seen if old is None else (1 - COST_WEIGHT) * old + COST_WEIGHT * seen
+
+    def cost(self, batch: int, drafts: int) -> float | None:
+        """What verifying `drafts` drafts costs at this batch size, in plain steps; None before any
+        verify pass has been timed there."""
+        known = self.verify.get(batch)
+        if not known:
+            return None
+        if drafts in known:
+            return known[drafts]
+        points = [(0, 1.0), *sorted(known.items())]
+        for (w0, c0), (w1, c1) in zip(points, points[1:]):
+            if w0 < drafts < w1:
+                return c0 + (c1 - c0) * (drafts - w0) / (w1 - w0)
+        widest, cost = points[-1]
+        return 1.0 + (cost - 1.0) * drafts / widest
 
 
 class DraftPlanner:
@@ -106,14 +125,14 @@ class DraftPlanner:
         or the row has stopped) and how many rows run: a plain step gives each of them one token."""
         if not any(available) or self.batch not in self.costs.step:
             return 0
-        slope = self.costs.slope.get(self.batch)
-        most = min(self.most, max(available)) if slope is not None else min(PROBE_DRAFTS, max(available))
+        measured = self.costs.cost(self.batch, 1) is not None
+        most = min(self.most, max(available)) if measured else min(PROBE_DRAFTS, max(available))
         alphas = [k / (k + r) for k, r in zip(self.kept, self.rejected)]
         undrafted = running - sum(1 for n in available if n > 0)  # rows that get their one token either way
         best, best_rate = 0, running * (1 + GAIN_MARGIN)
         for width in range(1, most + 1):
             tokens = undrafted + sum(sum(a**i for i in range(min(width, n) + 1)) for a, n in zip(alphas, available) if n > 0)
-            rate = tokens / (1 + (slope or 0.0) * width)
+            rate = tokens / (self.costs.cost(self.batch, width) or 1.0)
             if rate > best_rate:
                 best, best_rate = width, rate
         self.idle = 0 if best else self.idle + 1
