@@ -149,7 +149,7 @@ def mtp_costs(model, prompt: torch.Tensor, repeats: int) -> dict:
     result = {}
     for label, vocabulary in (("full", None), ("prompt", prompt[0].tolist())):
         drafts = MTPDrafts(model, state, vocabulary)
-        drafts.start(state, token)
+        drafts.start(token)
         for k in MTP_DRAFTS:
             ratios = []
             for i in range(repeats + 1):  # the first pair warms up

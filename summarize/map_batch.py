@@ -21,9 +21,10 @@ _UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", re.IGNORECASE)
 
 
-def map_batch_size(model, chunk_tokens: int, budget: int = DEFAULT_BATCH_MEMORY) -> int:
-    """How many chunk states fit in `budget` bytes (1 to MAX_MAP_BATCH)."""
-    probe = model.new_state(1)
+def map_batch_size(source, chunk_tokens: int, budget: int = DEFAULT_BATCH_MEMORY) -> int:
+    """How many chunk states fit in `budget` bytes (1 to MAX_MAP_BATCH); `source` makes them (the
+    model, or a session, whose states may carry the MTP head's cache too)."""
+    probe = source.new_state(1)
     return max(1, min(MAX_MAP_BATCH, budget // row_bytes(probe, chunk_tokens)))
 
 

@@ -117,7 +117,7 @@ class ModelSummarizer:
         self.on_span = on_span
         self.on_phase = on_phase
         self.diagnostics = diagnostics
-        self.map_batch = map_batch_size(session.model, self.chunk_tokens, batch_memory)
+        self.map_batch = map_batch_size(session, self.chunk_tokens, batch_memory)
         self.cache = cache
         self.progress = ModelProgress()
         # per-token span reports cost ~10% of a decode step: only when someone reads them
@@ -246,9 +246,8 @@ class ModelSummarizer:
 
     def _read_chunks(self, rows: list, prefix: list[int]) -> None:
         """Read each (document, chunk, prompt, cache key) of `rows` and write its notes."""
-        model = self.s.model
         self.progress = rows[0][0].progress
-        prefix_state = model.new_state(1)
+        prefix_state = self.s.new_state(1)
         self._phase(None, "prefix")
         self._prefill(prefix, prefix_state)
         self.progress.counters["prefix_prefills"] += 1  # the same instruction serves every document
@@ -259,7 +258,7 @@ class ModelSummarizer:
             for doc, chunk, prompt, _ in group:  # chunks differ in length: each is read on its own...
                 assert chunk.resets_state  # map-reduce: every chunk opens with the marker
                 self.progress = doc.progress
-                state = model.new_state(1)
+                state = self.s.new_state(1)
                 state.restore(snapshot)  # the reset-state marker: back to "just read the instruction"
                 self.progress.counters["restores"] += 1
                 self._phase(chunk.index, "prefill")
@@ -344,7 +343,7 @@ class ModelSummarizer:
                 note = None if key is None else self.cache.notes(key)
                 if note is None:
                     self._phase(None, "merge")
-                    state = self.s.model.new_state(1)
+                    state = self.s.new_state(1)
                     logits = self._prefill(prompt, state)
                     self._phase(None, "decode")
                     note = clean_output(self._generate(logits, state, NOTES_WORDS * 2, [prompt])[0].text)
@@ -357,13 +356,13 @@ class ModelSummarizer:
     # -- stream --------------------------------------------------------------------------------
 
     def _stream(self, doc: _Document) -> str:
-        model, tok = self.s.model, self.s.tokenizer
+        tok = self.s.tokenizer
         prefix = tok.chat_prefix_ids(None, STREAM_INSTRUCTION)
         # each chunk's tokens; the summary's drafts are looked up in all of them
         pieces = [tok.chat_text_ids(chunk.text if chunk.index == 0 else " " + chunk.text) for chunk in doc.chunks]
         read = [token for piece in pieces for token in piece]
         key = None if self.cache is None else self.cache.state_key(prefix, pieces, STREAM_ATTENTION_WINDOW)
-        state = model.new_state(1)
+        state = self.s.new_state(1)
         if key is not None and self.cache.load_state(key, state):
             self.progress.counters["cached_chunks"] += len(doc.chunks)
             self.notify(f"{doc.name}: the state after the document from the cache")
@@ -412,7 +411,7 @@ class ModelSummarizer:
         return ""
 
     def _prompt_state(self, prompt: list[int], *, chunk: int | None) -> tuple[torch.Tensor, object]:
-        state = self.s.model.new_state(1)
+        state = self.s.new_state(1)
         self._phase(chunk, "prefill")
         return self._prefill(prompt, state), state
 

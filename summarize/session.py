@@ -11,6 +11,7 @@ import torch
 from summarize.engine import load_model, load_tokenizer
 from summarize.engine.drafts import DraftCosts
 from summarize.engine.generate import SamplingParams
+from summarize.engine.mtp_drafts import with_drafter
 from summarize.engine.tokenizer import Tokenizer
 from summarize.errors import SummarizeError
 from summarize.types import Settings
@@ -32,6 +33,12 @@ class ModelSession:
     speculate: int = 0  # the most tokens drafted per decode step (0: none)
     mtp: bool = False  # drafts from the checkpoint's multi-token-prediction head, not the document
     draft_costs: DraftCosts = field(default_factory=DraftCosts)  # what verifying costs here, learnt as it runs
+
+    def new_state(self, batch_size: int = 1):
+        """A new state for the model; with the MTP head's own beside it when drafts come from the
+        head, so that it reads the prompt as the model does (`mtp_drafts.with_drafter`)."""
+        state = self.model.new_state(batch_size)
+        return with_drafter(self.model, state) if self.mtp else state
 
 
 def load_session(settings: Settings, notify: Callable[[str], None],

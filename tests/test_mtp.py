@@ -14,7 +14,8 @@ from safetensors.torch import save_file
 
 from summarize.engine import load_model
 from summarize.engine.generate import generate_batch
-from summarize.engine.mtp_drafts import MTPDrafts
+from summarize.engine.mtp_drafts import MTPDrafts, with_drafter
+from summarize.engine.state import State
 from test_generate import TOK
 from tiny_models import dense_reference, moe_reference, mtp_reference, save_checkpoint
 
@@ -72,15 +73,16 @@ def test_the_head_reads_a_span_as_transformers_layers_do(family):
 
 @pytest.mark.parametrize("vocabulary", [None, "prompt"])
 def test_drafts_are_the_heads_guesses_each_fed_back_with_its_own_output(family, vocabulary):
-    """After a prefill the head starts at the prompt's last position; each further guess reads the
-    one before and the head's own output. Read for the prompt's tokens only, it guesses among them."""
+    """Beside a state without the head's cache (one loaded from the read cache, say), the head
+    starts at the prompt's last position; each further guess reads the one before and the head's
+    own output. Read for the prompt's tokens only, it guesses among them."""
     reference, head, model = family
     prompt = torch.randint(0, VOCAB, (1, 13), generator=torch.Generator().manual_seed(2))
     state = model.new_state(1)
     first = model.prefill(prompt, state).argmax(dim=-1)
     allowed = sorted(set(prompt[0].tolist())) if vocabulary else list(range(VOCAB))
     drafts = MTPDrafts(model, state, allowed if vocabulary else None)
-    drafts.start(state, first)
+    drafts.start(first)
     got = drafts.propose(4)[0]
 
     with torch.no_grad():
@@ -96,17 +98,93 @@ def test_drafts_are_the_heads_guesses_each_fed_back_with_its_own_output(family, 
     assert drafts.state.position == 13 and drafts.state.kv_tokens == 1  # the guesses were discarded
 
 
-def test_greedy_output_is_the_same_with_drafts_from_the_head(family):
+def head_guesses(reference, head, prompt: torch.Tensor, first: int, count: int) -> list[int]:
+    """transformers' layers: the head over every position of the prompt (each hidden state with the
+    token after it, the last with `first`), then `count` guesses each fed back with its output."""
+    with torch.no_grad():
+        hidden = reference.model(prompt).last_hidden_state
+        following = torch.cat([prompt[:, 1:], torch.tensor([[first]])], dim=1)
+        guesses = []
+        for _ in range(count):
+            out = reference_head(reference, head, following, hidden, start=0)
+            guesses.append(int(reference.lm_head(out[:, -1]).argmax()))
+            following = torch.cat([following, torch.tensor([[guesses[-1]]])], dim=1)
+            hidden = torch.cat([hidden, out[:, -1:]], dim=1)
+    return guesses
+
+
+@pytest.fixture
+def short_blocks(family):
+    """The model prefills in blocks of 5 tokens, so a prompt spans several."""
+    model = family[2]
+    model.prefill_block_tokens = 5
+    yield
+    del model.prefill_block_tokens
+
+
+def test_the_head_reads_the_prompt_as_the_model_does_one_position_behind(family, short_blocks):
+    """A state made for drafting with the head carries its cache: the prefill, block by block, has
+    the head read each position whose next token it knows, so the drafts are those of the head run
+    over the whole prompt."""
+    reference, head, model = family
+    prompt = torch.randint(0, VOCAB, (1, 13), generator=torch.Generator().manual_seed(7))
+    state = with_drafter(model, model.new_state(1))
+    first = model.prefill(prompt, state).argmax(dim=-1)
+    assert state.drafter.position == 12 and state.drafter.kv_tokens == 12  # the last waits for `first`
+    drafts = MTPDrafts(model, state)
+    drafts.start(first)
+    assert drafts.propose(4)[0] == head_guesses(reference, head, prompt, int(first), 4)
+    assert drafts.state is state.drafter and drafts.state.kv_tokens == 13
+
+
+def test_a_snapshot_of_the_instruction_brings_the_heads_cache_back_and_rows_stack(family, short_blocks):
+    """As `summarize` reads chunks: the instruction once, its snapshot restored before each chunk,
+    the chunks' states stacked into one batch. Each row drafts as after one prefill of its prompt."""
+    reference, head, model = family
+    gen = torch.Generator().manual_seed(8)
+    instruction = torch.randint(0, VOCAB, (1, 7), generator=gen)
+    chunks = [torch.randint(0, VOCAB, (1, n), generator=gen) for n in (9, 4)]
+    prefix = with_drafter(model, model.new_state(1))
+    model.prefill(instruction, prefix)
+    snapshot = prefix.snapshot()
+    states, firsts = [], []
+    for chunk in chunks:
+        state = with_drafter(model, model.new_state(1))
+        state.restore(snapshot)
+        firsts.append(model.prefill(chunk, state).argmax(dim=-1))
+        states.append(state)
+    drafts = MTPDrafts(model, State.stack(states))
+    drafts.start(torch.cat(firsts))
+    got = drafts.propose(3)
+    for row, (chunk, first) in enumerate(zip(chunks, firsts)):
+        assert got[row] == head_guesses(reference, head, torch.cat([instruction, chunk], dim=1), int(first), 3)
+
+
+def test_a_state_that_read_without_the_head_drops_its_cache(family):
+    _, _, model = family
+    prompt = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(9))
+    plain = model.new_state(1)
+    model.prefill(prompt, plain)
+    state = with_drafter(model, model.new_state(1))
+    state.restore(plain.snapshot())  # the head has not read these positions
+    assert state.drafter is None
+    model.prefill(prompt, state)  # nothing for the head to keep in step with
+    assert state.drafter is None
+
+
+@pytest.mark.parametrize("cache", ["with the head's cache", "without"])
+def test_greedy_output_is_the_same_with_drafts_from_the_head(family, cache):
     """Token for token. (Sampled, a draft is the head's single guess, kept when the model's own
     sample equals it: the rule test_speculative checks for keeping the distribution.)"""
     _, _, model = family
     prompts = torch.randint(0, VOCAB, (3, 9), generator=torch.Generator().manual_seed(3))
 
-    def run(**speculation):
-        return generate_batch(model, prompts, model.new_state(3), tokenizer=TOK, stop_ids=[], max_new_tokens=30, **speculation)
+    def run(state, **speculation):
+        return generate_batch(model, prompts, state, tokenizer=TOK, stop_ids=[], max_new_tokens=30, **speculation)
 
-    plain = run()
-    drafted = run(speculate=4, mtp=True, draft_costs=free_verify())
+    plain = run(model.new_state(3))
+    state = with_drafter(model, model.new_state(3)) if cache != "without" else model.new_state(3)
+    drafted = run(state, speculate=4, mtp=True, draft_costs=free_verify())
     assert [g.token_ids for g in drafted] == [g.token_ids for g in plain]
     assert all(g.draft_tokens > 0 for g in drafted)
 

@@ -290,7 +290,7 @@ def generate_batch(
         elif drafters is None:
             drafters = [PromptLookup(contexts[row] if contexts is not None else ()) for row in range(batch)]
         if isinstance(drafters, MTPDrafts):
-            drafters.start(state, token)
+            drafters.start(token)
         _speculative_loop(model, state, sample, rows, token, speculate, drafters, draft_costs)
     elif rows.running:
         _plain_loop(model, state, sample, rows, token, first_logits.device.type == "cuda" if overlap is None else overlap)

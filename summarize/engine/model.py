@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from summarize.engine.diagnostics import LayerStats, Listener, Phase, merge_block_stats, report_span
+from summarize.engine.mtp_drafts import read_span
 from summarize.engine.state import State
 
 
@@ -105,6 +106,8 @@ class RecurrentModel(nn.Module):
             block = input_ids[:, start : start + self.prefill_block_tokens]
             self.steps.will_read(self, block.shape[1])
             hidden, stats = self.run_layers(block, state, with_stats=True)
+            if state.drafter is not None:  # the MTP head reads the prompt as the model does
+                read_span(self, state, block, hidden)
             blocks.append((block.shape[1], stats))
         self._report(merge_block_stats(blocks), state, "prefill", input_ids.shape[1])
         return self.logits(hidden[:, -1])

@@ -1,11 +1,15 @@
 """Drafts from a checkpoint's multi-token-prediction head (Qwen3.5's `mtp.*`; docs/design.md §8).
 
 The head guesses the token after next from the hidden state the model left at a position and the
-token that followed it. Each step of a speculative loop it first reads what the model landed
-since the last step (the hidden states of the kept tokens, with the tokens that followed them),
-into a KV cache of its own that stays in step with the model's positions; then it guesses up to
-k tokens ahead, feeding each guess back with its own output, in a draft of that cache that is
-discarded afterwards.
+token that followed it, attending over every earlier position it has read, through a KV cache of
+its own. A state made for drafting with it (`with_drafter`) carries that cache (`State.drafter`),
+and the model's prefill keeps it in step (`read_span`): the head reads the prompt as the model
+does, one position behind, so its cache covers the instruction and the text, and a snapshot of the
+instruction restores it with the model's. Each step of a speculative loop it first reads what the
+model landed since the last step (the hidden states of the kept tokens, with the tokens that
+followed them); then it guesses up to k tokens ahead, feeding each guess back with its own output,
+in a draft of that cache that is discarded afterwards. A state without the head's cache (loaded
+from the read cache, say) drafts from a cache that starts at the prompt's last position.
 
 Guessing a token needs the model's head, which at 0.8B is about a third of a decode step's
 weight reads on a CPU. A summary copies its words from its source, so the head can be read only
@@ -21,16 +25,51 @@ import torch
 from torch import Tensor
 
 
+def with_drafter(model, state):
+    """`state` (new, the model's) with the MTP head's own state beside it, for `read_span` to fill."""
+    state.drafter = model.mtp.new_state(state.batch_size, model.dtype, model.device)
+    return state
+
+
+def read_span(model, state, tokens: Tensor, hidden: Tensor) -> None:
+    """After the model read `tokens` [B, T] (a prefill block) into `state`, with `hidden` [B, T, H]
+    its last layer's outputs: the head reads each position whose following token is now known."""
+    drafter, waiting = state.drafter, state.drafter_hidden
+    start = state.position - tokens.shape[1]
+    if drafter.row_positions is not None or drafter.position + (waiting is not None) != start:
+        state.drop_drafter()  # not in step with the model (it read without the head): of no use
+        return
+    if waiting is None:  # the first position of all: its hidden state pairs with the second token
+        pairs, following = hidden[:, :-1], tokens[:, 1:]
+    else:
+        pairs, following = torch.cat([waiting, hidden[:, :-1]], dim=1), tokens
+    if following.shape[1]:
+        rotary = model.span_context(drafter, following.shape[1])
+        model.mtp(model.embed(following), model.mtp.target_hidden(pairs), drafter, rotary)
+    state.drafter_hidden = hidden[:, -1:].clone()
+
+
 class MTPDrafts:
-    """Drafts for every row of a batch from `model.mtp`, kept in step with `state` (the model's)."""
+    """Drafts for every row of a batch from `model.mtp`, kept in step with `state` (the model's):
+    in `state.drafter` when it has read the prompt, else in a cache of its own from the prompt's
+    last position."""
 
     def __init__(self, model, state, vocabulary: Iterable[int] | None = None) -> None:
         self.model, self.head = model, model.mtp
-        batch = state.batch_size
-        self.state = self.head.new_state(batch, model.dtype, model.device)
-        self.state.position = state.position
-        if state.row_positions is not None:
-            self.state.row_positions = state.row_positions.clone()
+        self.waiting: Tensor | None = None  # the hidden state [B, 1, H] whose following token `start` gives
+        if state.drafter is not None and state.drafter_hidden is not None:
+            self.state, self.waiting = state.drafter, state.drafter_hidden
+            state.drafter_hidden = None  # read from here on by this object, not by a prefill
+        else:
+            self.state = self.head.new_state(state.batch_size, model.dtype, model.device)
+            self.state.position = state.position
+            if state.row_positions is not None:
+                self.state.row_positions = state.row_positions.clone()
+            if state.last_hidden is not None:
+                self.state.position -= 1
+                if self.state.row_positions is not None:
+                    self.state.row_positions -= 1
+                self.waiting = state.last_hidden[:, -1:]
         self.pending: tuple[Tensor, Tensor, Tensor] | None = None
         self.ids: Tensor | None = None  # the token ids the head is read for (None: all)
         self.rows: Tensor | None = None  # their rows of the head [S, H]
@@ -38,15 +77,12 @@ class MTPDrafts:
             self.ids = torch.tensor(sorted(set(vocabulary)), dtype=torch.long, device=model.device)
             self.rows = model.lm_head.rows(self.ids)
 
-    def start(self, state, token: Tensor) -> None:
+    def start(self, token: Tensor) -> None:
         """After a prefill: the model's last position, followed by the first sampled `token` [B]. A
-        state that has not read a span since it was restored or stacked has nothing to give: the
-        first draft then waits for the first decode step."""
-        if state.last_hidden is not None:
-            self.state.position -= 1
-            if self.state.row_positions is not None:
-                self.state.row_positions -= 1
-            self.landed(state.last_hidden[:, -1:], token[:, None], torch.ones_like(token))
+        state that has not read a span since it was restored or stacked, and has no head state of
+        its own, has nothing to give: the first draft then waits for the first decode step."""
+        if self.waiting is not None:
+            self.landed(self.waiting, token[:, None], torch.ones_like(token))
 
     def landed(self, hidden: Tensor, following: Tensor, counts: Tensor) -> None:
         """The model kept counts[b] tokens of row b's last span: their hidden states hidden[b, :n]
