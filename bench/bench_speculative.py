@@ -23,7 +23,9 @@ Method
   k = 8 tokens each step, of which the first j are the tokens the verify pass itself will choose
   and the rest wrong, j drawn as the floor or the ceiling of share·k so that j/k averages the
   share. It finds them with untimed verify passes over a copy of the state (about one pass per
-  token generated; their time is taken out of the run's). The oracle must ask the verify pass,
+  token generated; their time is taken out of the run's, not what they leave in the caches); at
+  a step where none is to be right it runs none, and drafts the plain output's next token plus
+  one. The oracle must ask the verify pass,
   not a plain run: in bf16 a verify pass sums a span in another order than the compiled
   one-token step, the logits round differently, and random weights' flat logits then let greedy
   decoding take another token now and then. Two ways: "always 8 drafts" tells the planner
@@ -35,7 +37,8 @@ Method
   Plain and speculative runs alternate, --runs pairs per share; the figure is the median of the
   paired ratios of tokens/s. The table gives the share really kept and how many tokens the
   speculative output shares with the plain one before they first differ (all of them in fp32; in
-  bf16, for the reason above, fewer). --quick runs the shares 0, 50 and 70% only.
+  bf16, for the reason above, fewer). --quick runs the shares 0, 50 and 70% only, as summarize
+  plans them only.
 - (v) MTP drafts, where the checkpoint has an MTP head (bench/random_checkpoint.py writes one):
   what drafting k tokens costs against a decode step, alternating with the steps, median of
   --repeats, with the head read for the whole vocabulary and for the prompt's tokens only; and,
@@ -182,24 +185,35 @@ class Oracle:
     revealing the pass's own greedy token at the next position. Verify passes are causal to the
     bit at a fixed width, so the timed pass keeps exactly those j (when the planner verifies fewer
     than k, the width differs and its rounding may differ: the "kept" column gives the real share).
+    When j = 0 no pass is run: the first draft is the plain output's next token plus one
+    (`reference`), which no pass chooses unless the outputs have parted (the "kept" column would
+    show it). The untimed passes are taken out of the run's time, but not what they leave behind
+    in the caches and the allocator; at 0% there are none.
     """
 
-    def __init__(self, model, state, share: float, k: int = ORACLE_DRAFTS, seed: int = 0) -> None:
+    def __init__(self, model, state, share: float, reference: list[int], k: int = ORACLE_DRAFTS, seed: int = 0) -> None:
         self.model, self.state, self.share, self.k = model, state, share, k
+        self.reference = reference
         self.vocab = model.cfg.vocab_size
         self.rng = random.Random(seed)
         self.last: int | None = None
+        self.generated = 0  # tokens appended so far
         self.seconds = 0.0  # spent finding drafts: not part of the timed run
 
 
     def append(self, token: int) -> None:
         self.last = token
+        self.generated += 1
 
     def propose(self, length: int) -> list[int]:
         started = time.perf_counter()
         k = min(self.k, length)
         whole, part = divmod(self.share * k, 1)
         right = int(whole) + (self.rng.random() < part)
+        if right == 0 and self.generated < len(self.reference):
+            wrong = (self.reference[self.generated] + 1) % self.vocab
+            self.seconds += time.perf_counter() - started
+            return [wrong] * k
         saved = self.state.snapshot()
         draft: list[int] = []
         for position in range(min(right + 1, k)):
@@ -226,11 +240,12 @@ class FreeVerify(DraftCosts):
         return 1.0 - 0.9 * drafts / ORACLE_DRAFTS
 
 
-def throughput(model, tokenizer, prompt: torch.Tensor, tokens: int, runs: int, shares: tuple[float, ...]) -> dict:
+def throughput(model, tokenizer, prompt: torch.Tensor, tokens: int, runs: int, shares: tuple[float, ...],
+               modes: tuple[str, ...] = ("forced", "planned")) -> dict:
     def run(share=None, costs=None):
         state = model.new_state(1)
         first = model.prefill(prompt, state)
-        oracle = Oracle(model, state, share) if share is not None else None
+        oracle = Oracle(model, state, share, reference.token_ids) if share is not None else None
         start = time.perf_counter()
         out = generate_batch(model, None, state, tokenizer=tokenizer, stop_ids=[], max_new_tokens=tokens, first_logits=first,
                              speculate=ORACLE_DRAFTS if oracle else 0, drafters=[oracle] if oracle else None, draft_costs=costs)[0]
@@ -240,7 +255,7 @@ def throughput(model, tokenizer, prompt: torch.Tensor, tokens: int, runs: int, s
     result = {}
     for share in shares:
         row = {}
-        for mode, costs in (("forced", FreeVerify()), ("planned", DraftCosts())):
+        for mode, costs in ((mode, FreeVerify() if mode == "forced" else DraftCosts()) for mode in modes):
             # as in a session, what the planner learnt stays: one run first, untimed, to learn it
             run(share, costs)
             ratios, kept, drafted, rates, same = [], [], [], [], []
@@ -385,7 +400,7 @@ def main() -> None:
         log("MTP drafting costs at B=1")
         mtp = mtp_costs(model, prompt, args.repeats)
     log("tokens/s at shares of drafts kept (B=1)")
-    rates = throughput(model, tokenizer, prompt, args.tokens, args.runs, shares)
+    rates = throughput(model, tokenizer, prompt, args.tokens, args.runs, shares, ("planned",) if args.quick else ("forced", "planned"))
     text = SAMPLE_TEXT.read_text()[:TEXT_CHARS]
     log("(iv) real drafts on the sample's text")
     same_text = {"ours, prompt lookup": same_text_ours(model, tokenizer, text, args.tokens, args.runs)}
@@ -412,9 +427,10 @@ def main() -> None:
           "as `summarize` plans: drafted per run, tok/s, × plain | tokens equal to plain's (fewest) |")
     print("|---|---|---|---|---|")
     for share in shares:
-        forced, planned = rates[share]["forced"], rates[share]["planned"]
-        same = min(forced["same"], planned["same"])
-        print(f"| {share:.0%} | {forced['plain']:.1f} | {forced['kept']:.0%}, {forced['spec']:.1f}, {forced['ratio']:.2f} | "
+        forced, planned = rates[share].get("forced"), rates[share]["planned"]
+        same = min(row["same"] for row in rates[share].values())
+        always = f"{forced['kept']:.0%}, {forced['spec']:.1f}, {forced['ratio']:.2f}" if forced else "– (--quick)"
+        print(f"| {share:.0%} | {planned['plain']:.1f} | {always} | "
               f"{planned['drafted']:.0f}, {planned['spec']:.1f}, {planned['ratio']:.2f} | {same}/{args.tokens} |")
     prompt_tokens = same_text["ours, prompt lookup"]["prompt"]
     print(f"\n| (iv) real drafts, the sample's first {prompt_tokens} tokens | plain tok/s | drafted per run, kept | "
