@@ -149,6 +149,30 @@ def test_compiled_full_logits_equal_eager(models):
     assert_close(compiled(ids, compiled.new_state(1)), eager(ids, eager.new_state(1)))
 
 
+def test_the_mtp_head_reads_a_prompt_through_the_compiled_prefill_as_eagerly(tmp_path):
+    """With `--drafts mtp` the head reads each prefill block through the model's steps: compiled,
+    its cache holds what the eager head's holds."""
+    from safetensors.torch import save_file
+
+    from summarize.engine.mtp_drafts import with_drafter
+    from tiny_models import mtp_reference
+
+    reference = dense_reference()
+    folder = save_checkpoint(reference, tmp_path)
+    save_file(mtp_reference(reference)[1], str(folder / "model-mtp.safetensors"))
+    eager = load_model(folder, device="cpu", dtype=torch.float32, compile=False)
+    compiled = compiled_from_the_start(load_model(folder, device="cpu", dtype=torch.float32, compile=True))
+    caches = {}
+    for name, model in (("eager", eager), ("compiled", compiled)):
+        state = with_drafter(model, model.new_state(1))
+        model.prefill(prompt(23, seed=5), state)
+        cache = state.drafter.layers[0]
+        caches[name] = (cache.keys[:, :, : cache.length], cache.values[:, :, : cache.length])
+    assert caches["compiled"][0].shape[2] == 22  # every position but the last, which waits for its next token
+    for got, want in zip(caches["compiled"], caches["eager"]):
+        assert_close(got, want)
+
+
 def test_compiled_moe_steps_equal_eager(tmp_path):
     """The MoE dispatch stays eager inside compiled prefill and decode steps."""
     folder = save_checkpoint(moe_reference(), tmp_path)

@@ -45,7 +45,7 @@ def read_span(model, state, tokens: Tensor, hidden: Tensor) -> None:
         pairs, following = torch.cat([waiting, hidden[:, :-1]], dim=1), tokens
     if following.shape[1]:
         rotary = model.span_context(drafter, following.shape[1])
-        model.mtp(model.embed(following), model.mtp.target_hidden(pairs), drafter, rotary)
+        model.mtp(model.embed(following), model.mtp.target_hidden(pairs), drafter, rotary, model.steps)
     state.drafter_hidden = hidden[:, -1:].clone()
 
 

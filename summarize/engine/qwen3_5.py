@@ -454,11 +454,16 @@ class MultiTokenPredictor(nn.Module):
         """The model's last-layer hidden states → the final-normed ones this head reads."""
         return rms_norm(hidden, self.final_norm, self.cfg.rms_norm_eps)
 
-    def forward(self, embedded: Tensor, hidden: Tensor, state: State, rotary: tuple[Tensor, Tensor]) -> Tensor:
-        """embedded [B, T, H] (the tokens that followed), hidden [B, T, H] → normed output [B, T, H]."""
+    def forward(self, embedded: Tensor, hidden: Tensor, state: State, rotary: tuple[Tensor, Tensor], steps=None) -> Tensor:
+        """embedded [B, T, H] (the tokens that followed), hidden [B, T, H] → normed output [B, T, H].
+        `steps`: the model's (`model.Steps`), to run the decoder layer as the model runs its own
+        (compiled, for a prompt); eagerly when None."""
         eps = self.cfg.rms_norm_eps
         x = self.fc(torch.cat([rms_norm(embedded, self.embedding_norm, eps), rms_norm(hidden, self.hidden_norm, eps)], dim=-1))
-        x, _ = self.layer(x, state.layers[0], rotary, False)
+        if steps is None:
+            x, _ = self.layer(x, state.layers[0], rotary, False)
+        else:
+            x, _ = steps.layer(self.layer, x, state.layers[0], rotary, False)
         state.advance(x.shape[1])
         return rms_norm(x, self.norm, eps)
 
