@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from summarize.engine.ops.linear import WEIGHT_FIRST_MAX_ROWS, WEIGHT_FIRST_MIN_ROWS, linear
+from summarize.engine.ops.linear import INT8_PACKED_MAX_ROWS, WEIGHT_FIRST_MAX_ROWS, WEIGHT_FIRST_MIN_ROWS, Projection, linear
 
 # either side of each switch between the orders, and rows in more than one dimension
 ROW_COUNTS = [(1,), (WEIGHT_FIRST_MIN_ROWS - 1,), (WEIGHT_FIRST_MIN_ROWS,), (2, 4), (WEIGHT_FIRST_MAX_ROWS,),
@@ -22,3 +22,16 @@ def test_linear_is_x_times_the_weight_transposed(dtype, shape):
     # the same sums in another order: fp32 rounding apart, or bf16's rounding of the result
     tolerance = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.float(), F.linear(x.float(), weight.float()), rtol=tolerance, atol=tolerance * 10)
+
+
+@pytest.mark.parametrize("rows", [1, 5, INT8_PACKED_MAX_ROWS, INT8_PACKED_MAX_ROWS + 1])
+def test_compiled_int8_projection_equals_its_dequantized_weight_in_fp32(rows):
+    """Inside a compiled step an fp32 int8 projection widens each weight as it reads it (a few
+    rows) or dequantizes first (more): either is x @ (int8 · scale)ᵀ to fp32 rounding."""
+    gen = torch.Generator().manual_seed(0)
+    projection = Projection(torch.randn(200, 96, generator=gen))
+    projection.quantize_int8()
+    x = torch.randn(rows, 96, generator=gen)
+    want = F.linear(x, projection.weight.float() * projection.scale[:, None])
+    got = torch.compile(projection, fullgraph=True)(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())

@@ -23,7 +23,7 @@ from torch._dynamo.utils import counters
 
 from summarize.engine import load_model
 from summarize.engine.compiled import PREFILL_COMPILE_TOKENS
-from summarize.engine.ops.linear import INT4_GROUP, INT4_KERNEL_MAX_ROWS, INT4_LEVELS, INT8_MAX, Projection, dequantize_int4
+from summarize.engine.ops.linear import INT4_GROUP, INT4_KERNEL_MAX_ROWS, INT4_LEVELS, INT8_MAX, WIDEN_BLOCK_ROWS, Projection, dequantize_int4
 from summarize.errors import SummarizeError
 from tiny_models import RWKV6_TINY, RWKV_TINY, blinkdl_checkpoint, dense_reference, rwkv6_checkpoint, save_checkpoint
 
@@ -51,14 +51,15 @@ def test_int8_weights_are_within_half_a_step_of_the_original():
     assert (projection.weight.abs().amax(dim=1) >= INT8_MAX - 1).all()
 
 
-@pytest.mark.parametrize("rows", [1, 3, 40])  # the packed GEMV (few rows) and dequantize-then-GEMM
-def test_int8_projection_computes_with_its_dequantized_weight(rows):
-    projection = Projection(torch.randn(96, 64))
+@pytest.mark.parametrize("rows", [1, 3, 40])  # a few rows (widened in blocks, in fp32) and dequantize-then-GEMM
+@pytest.mark.parametrize("outputs", [96, WIDEN_BLOCK_ROWS * 2 + 76])  # one block, and three
+def test_int8_projection_computes_with_its_dequantized_weight(rows, outputs):
+    projection = Projection(torch.randn(outputs, 64))
     projection.quantize_int8()
     x = torch.randn(2, rows, 64)
     want = x @ dequantized(projection).t()
     got = projection(x)
-    assert got.shape == (2, rows, 96)
+    assert got.shape == (2, rows, outputs)
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
 
 

@@ -35,7 +35,8 @@ STREAMED_MAX_ROWS = 2
 # 0.8B head at 9 rows: 82 against 144 ms); at 72 rows x @ Wᵀ wins again.
 WEIGHT_FIRST_MIN_ROWS = 4
 WEIGHT_FIRST_MAX_ROWS = 32
-INT8_PACKED_MAX_ROWS = 16  # up to this many input rows, int8 uses torch's packed int8 GEMV (compiled or not)
+INT8_PACKED_MAX_ROWS = 16  # up to this many input rows, int8 reads its weight in one pass (linear_int8)
+WIDEN_BLOCK_ROWS = 512  # int8 rows widened to fp32 at a time by an eager fp32 product: 2 MB, in cache
 QUANTIZE_BLOCK_ROWS = 8192  # rows quantized at a time: bounded fp32 temporaries
 INT4_LEVELS = 15  # codes 0..15, read as (code - 8) · scale + zero by torch's kernel
 INT4_GROUP = 64  # input channels per scale and zero (torch's kernel takes 32, 64, 128 or 256)
@@ -63,14 +64,27 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
 def linear_int8(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     """x [..., K] times (weight int8 [N, K] · scale [N]) transposed → [..., N] in x's dtype.
 
-    Compiled or not, a few rows go through torch's int8 kernel: on a 2-core Xeon it reads int8
-    faster than a streamed loop (which converts each weight to fp32) does, a decode step 78-84 →
-    71-73 ms on the 0.8B shape."""
+    A few rows on a CPU (more are compute-bound: dequantize, then GEMM):
+    - in bf16, compiled or not, torch's int8 kernel: on a 2-core Xeon with AMX it reads int8
+      faster than a streamed loop does (a decode step 78-84 → 71-73 ms on the 0.8B shape);
+    - in fp32, inside a compiled step, a streamed loop that widens each weight as it reads it: as
+      exact as fp32 and memory-bound (0.8B's MLP matrix on a 2-core Xeon without bf16: 179 µs at
+      one row, where torch's kernel takes 2,000 with fp32 rows and 370 with bf16 ones);
+    - in fp32, eagerly, the weight widened a block of rows at a time, each block's product taken
+      while it is in cache (780 µs there)."""
     rows = x.reshape(-1, x.shape[-1])
-    if rows.shape[0] <= INT8_PACKED_MAX_ROWS and x.device.type == "cpu":
+    if rows.shape[0] > INT8_PACKED_MAX_ROWS or x.device.type != "cpu":
+        return F.linear(x, weight * scale[:, None])
+    if x.dtype != torch.float32:
         out = torch._weight_int8pack_mm(rows.contiguous(), weight, scale)
-        return out.reshape(*x.shape[:-1], weight.shape[0])
-    return F.linear(x, weight * scale[:, None])  # many rows: compute-bound, dequantize first
+    elif torch.compiler.is_compiling():
+        return _streamed(x, weight, scale)
+    else:
+        out = torch.empty(rows.shape[0], weight.shape[0])
+        for start in range(0, weight.shape[0], WIDEN_BLOCK_ROWS):
+            block = slice(start, start + WIDEN_BLOCK_ROWS)
+            torch.mul(F.linear(rows, weight[block].float()), scale[block], out=out[:, block])
+    return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def linear_int4(x: Tensor, packed: Tensor, scale_and_zero: Tensor, group: int) -> Tensor:
@@ -117,11 +131,13 @@ def rows_fp32(x: Tensor) -> Tensor:
     return torch.ops.prims.inductor_force_stride_order(rows, rows.stride())
 
 
-def _streamed(x: Tensor, weight: Tensor) -> Tensor:
+def _streamed(x: Tensor, weight: Tensor, scale: Tensor | None = None) -> Tensor:
     rows = rows_fp32(x)
     # [N, rows, K] summed over K: the loop runs over weight rows outermost, so each one is read
     # from memory once however many input rows there are.
     out = (weight.float()[:, None, :] * rows[None]).sum(-1)
+    if scale is not None:  # int8 rows
+        out = out * scale.float()[:, None]
     return out.t().reshape(*x.shape[:-1], weight.shape[0]).to(x.dtype)
 
 
