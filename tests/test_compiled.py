@@ -263,13 +263,20 @@ def test_an_unusable_cache_folder_leaves_torchs_default(monkeypatch, tmp_path):
     assert compiled.CACHE_ENV not in os.environ
 
 
-def test_compiled_verify_lands_rows_where_eager_verify_does_through_one_graph_for_every_draft_length(models):
+@pytest.fixture(scope="module")
+def int8_models(folder):
+    eager = load_model(folder, device="cpu", dtype=torch.float32, compile=False, quantize="int8")
+    return eager, compiled_from_the_start(load_model(folder, device="cpu", dtype=torch.float32, compile=True, quantize="int8"))
+
+
+@pytest.mark.parametrize("weights", ["models", "int8_models"])  # int8 widens its weights in the graph
+def test_compiled_verify_lands_rows_where_eager_verify_does_through_one_graph_for_every_draft_length(weights, request):
     """Drafts of any length verify through the same compiled graphs (one shorter than
     VERIFY_MIN_TOKENS is padded, and the padding never lands): the logits of eager verify, and
     rows that keep different lengths land on the same state."""
     from torch._dynamo.utils import counters
 
-    eager, model = models
+    eager, model = request.getfixturevalue(weights)
     g = torch.Generator().manual_seed(7)
     states = eager.new_state(2), model.new_state(2)
     prompts = torch.randint(0, VOCAB, (2, 13), generator=g)

@@ -24,14 +24,16 @@ def test_linear_is_x_times_the_weight_transposed(dtype, shape):
     torch.testing.assert_close(out.float(), F.linear(x.float(), weight.float()), rtol=tolerance, atol=tolerance * 10)
 
 
+@pytest.mark.parametrize("dynamic", [False, True])  # a decode step's graph, a verify span's
 @pytest.mark.parametrize("rows", [1, 5, INT8_PACKED_MAX_ROWS, INT8_PACKED_MAX_ROWS + 1])
-def test_compiled_int8_projection_equals_its_dequantized_weight_in_fp32(rows):
+def test_compiled_int8_projection_equals_its_dequantized_weight_in_fp32(rows, dynamic):
     """Inside a compiled step an fp32 int8 projection widens each weight as it reads it (a few
-    rows) or dequantizes first (more): either is x @ (int8 · scale)ᵀ to fp32 rounding."""
+    rows, a fixed number or a span's) or dequantizes first (more): either is x @ (int8 · scale)ᵀ
+    to fp32 rounding."""
     gen = torch.Generator().manual_seed(0)
     projection = Projection(torch.randn(200, 96, generator=gen))
     projection.quantize_int8()
     x = torch.randn(rows, 96, generator=gen)
     want = F.linear(x, projection.weight.float() * projection.scale[:, None])
-    got = torch.compile(projection, fullgraph=True)(x)
+    got = torch.compile(projection, fullgraph=True, dynamic=dynamic)(x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())

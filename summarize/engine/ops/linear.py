@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.fx.experimental.symbolic_shapes import has_static_value
 
 INT8_MAX = 127
 # Up to this many input rows a compiled step in bf16 (or on a GPU) streams the weights itself; with
@@ -133,9 +134,13 @@ def rows_fp32(x: Tensor) -> Tensor:
 
 def _streamed(x: Tensor, weight: Tensor, scale: Tensor | None = None) -> Tensor:
     rows = rows_fp32(x)
-    # [N, rows, K] summed over K: the loop runs over weight rows outermost, so each one is read
-    # from memory once however many input rows there are.
-    out = (weight.float()[:, None, :] * rows[None]).sum(-1)
+    wide = weight.float()
+    if has_static_value(rows.shape[0]):
+        # one reduction per input row over the same weights: inductor fuses them into one loop
+        # that reads (and widens) each weight once, however many rows there are
+        out = torch.stack([(wide * row).sum(-1) for row in rows], dim=1)
+    else:  # a span of symbolic length (a verify graph): one reduction over [N, rows, K]
+        out = (wide[:, None, :] * rows[None]).sum(-1)
     if scale is not None:  # int8 rows
         out = out * scale.float()[:, None]
     return out.t().reshape(*x.shape[:-1], weight.shape[0]).to(x.dtype)
