@@ -65,27 +65,29 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
 def linear_int8(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     """x [..., K] times (weight int8 [N, K] · scale [N]) transposed → [..., N] in x's dtype.
 
-    A few rows on a CPU (more are compute-bound: dequantize, then GEMM):
-    - in bf16, compiled or not, torch's int8 kernel: on a 2-core Xeon with AMX it reads int8
-      faster than a streamed loop does (a decode step 78-84 → 71-73 ms on the 0.8B shape);
-    - in fp32, inside a compiled step, a streamed loop that widens each weight as it reads it: as
-      exact as fp32 and memory-bound (0.8B's MLP matrix on a 2-core Xeon without bf16: 179 µs at
-      one row, where torch's kernel takes 2,000 with fp32 rows and 370 with bf16 ones);
-    - in fp32, eagerly, the weight widened a block of rows at a time, each block's product taken
-      while it is in cache (780 µs there)."""
+    On a CPU (figures: a 2-core Xeon without bf16 instructions, 0.8B's MLP matrix):
+    - in fp32, eagerly, any number of rows: the weight widened a block of rows at a time, each
+      block's product taken while it is in cache (780 µs at one row; 10 ms at 256 rows, where
+      dequantizing the whole weight first takes 13);
+    - in fp32, inside a compiled step, a few rows: a streamed loop that widens each weight as it
+      reads it, as exact as fp32 and memory-bound (179 µs at one row, where torch's int8 kernel
+      takes 2,000 with fp32 rows and 370 with bf16 ones);
+    - in bf16, a few rows, compiled or not: torch's int8 kernel (on a 2-core Xeon with AMX it reads
+      int8 faster than a streamed loop does: a decode step 78-84 → 71-73 ms on the 0.8B shape);
+    - otherwise (more rows are compute-bound): dequantize, then GEMM."""
     rows = x.reshape(-1, x.shape[-1])
-    if rows.shape[0] > INT8_PACKED_MAX_ROWS or x.device.type != "cpu":
-        return F.linear(x, weight * scale[:, None])
-    if x.dtype != torch.float32:
-        out = torch._weight_int8pack_mm(rows.contiguous(), weight, scale)
-    elif torch.compiler.is_compiling():
-        return _streamed(x, weight, scale)
-    else:
+    on_cpu, few = x.device.type == "cpu", rows.shape[0] <= INT8_PACKED_MAX_ROWS
+    if on_cpu and x.dtype == torch.float32 and not torch.compiler.is_compiling():
         out = torch.empty(rows.shape[0], weight.shape[0])
         for start in range(0, weight.shape[0], WIDEN_BLOCK_ROWS):
             block = slice(start, start + WIDEN_BLOCK_ROWS)
             torch.mul(F.linear(rows, weight[block].float()), scale[block], out=out[:, block])
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+        return out.reshape(*x.shape[:-1], weight.shape[0])
+    if on_cpu and few and x.dtype == torch.float32:
+        return _streamed(x, weight, scale)
+    if on_cpu and few:
+        return torch._weight_int8pack_mm(rows.contiguous(), weight, scale).reshape(*x.shape[:-1], weight.shape[0])
+    return F.linear(x, weight * scale[:, None])
 
 
 def linear_int4(x: Tensor, packed: Tensor, scale_and_zero: Tensor, group: int) -> Tensor:
