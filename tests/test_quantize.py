@@ -23,7 +23,17 @@ from torch._dynamo.utils import counters
 
 from summarize.engine import load_model
 from summarize.engine.compiled import PREFILL_COMPILE_TOKENS
-from summarize.engine.ops.linear import INT4_GROUP, INT4_KERNEL_MAX_ROWS, INT4_LEVELS, INT8_MAX, WIDEN_BLOCK_ROWS, Projection, dequantize_int4
+from summarize.engine.ops.linear import (
+    INT4_GROUP,
+    INT4_KERNEL_MAX_ROWS,
+    INT4_LEVELS,
+    INT8_MAX,
+    WIDEN_BLOCK_ROWS,
+    Projection,
+    dequantize_int4,
+    int4_block_rows,
+    int4_codes,
+)
 from summarize.errors import SummarizeError
 from tiny_models import RWKV6_TINY, RWKV_TINY, blinkdl_checkpoint, dense_reference, rwkv6_checkpoint, save_checkpoint
 
@@ -128,6 +138,15 @@ def int4_projection(rows: int = 192, columns: int = 256) -> tuple[Projection, to
     return projection, weight
 
 
+def test_int4_codes_read_back_as_torch_packed_them_whatever_block_this_cpu_uses():
+    codes = torch.randint(0, INT4_LEVELS + 1, (256, 128), dtype=torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    assert int4_block_rows() in (32, 64)  # AVX2, AVX-512
+    assert torch.equal(int4_codes(packed), codes.to(torch.uint8))
+    ids = torch.tensor([0, 17, 31, 32, 63, 64, 200, 255])
+    assert torch.equal(int4_codes(packed, ids), codes[ids].to(torch.uint8))
+
+
 def test_int4_weights_are_within_half_a_step_of_the_original():
     projection, weight = int4_projection()
     assert projection.weight.dtype == torch.uint8 and projection.weight.shape == (192, 128)  # two codes a byte
@@ -165,7 +184,7 @@ def test_int4_noise_on_gaussian_weights_is_about_nine_percent():
 
 
 def test_shapes_the_int4_kernel_cannot_take_become_int8():
-    projection = Projection(torch.randn(50, 64))  # rows not a multiple of 64
+    projection = Projection(torch.randn(50, 64))  # rows not a multiple of the int4 packing's block
     projection.quantize("int4")
     assert projection.weight.dtype == torch.int8 and projection.scale_and_zero is None
 

@@ -18,6 +18,7 @@ hands it over.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,9 +46,6 @@ INT4_GROUP = 64  # input channels per scale and zero (torch's kernel takes 32, 6
 # time grows with the rows (0.8B's MLP matrix, 2 threads: 2 ms at 8 rows, 31 at 128); dequantizing
 # costs about a 1,000-row GEMM's time, so past a few dozen rows it wins.
 INT4_KERNEL_MAX_ROWS = 64
-# torch's CPU packing stores rows in blocks of 64: for each input channel, 32 bytes whose low
-# nibbles are rows 0..31 of the block and high nibbles rows 32..63
-INT4_BLOCK_ROWS = 64
 
 
 def linear(x: Tensor, weight: Tensor) -> Tensor:
@@ -100,16 +98,33 @@ def linear_int4(x: Tensor, packed: Tensor, scale_and_zero: Tensor, group: int) -
     return out.to(x.dtype).reshape(*x.shape[:-1], packed.shape[0])
 
 
-def int4_codes(packed: Tensor, ids: Tensor | None = None) -> Tensor:
+@functools.cache
+def int4_block_rows() -> int | None:
+    """Rows per block of torch's CPU int4 packing (None: no layout we read, so no int4).
+
+    For each input channel a block holds b/2 bytes whose low nibbles are its rows 0..b/2−1 and high
+    nibbles the rest. b depends on the kernels torch picked for this CPU: 64 with AVX-512, 32 with
+    AVX2. So it is found by packing a pattern and reading it back."""
+    rows = torch.arange(64)
+    codes = torch.stack([rows % 16, rows // 16], dim=1).int()  # every row told apart by its two codes
+    try:
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    except (RuntimeError, AttributeError):
+        return None
+    return next((b for b in (64, 32, 16) if torch.equal(int4_codes(packed, block_rows=b), codes.to(torch.uint8))), None)
+
+
+def int4_codes(packed: Tensor, ids: Tensor | None = None, block_rows: int | None = None) -> Tensor:
     """The codes 0..15 of the rows `ids` [n] (all rows when None) of a packed int4 weight → [n, K] uint8."""
     N, K = packed.shape[0], packed.shape[1] * 2
-    blocks = packed.view(N // INT4_BLOCK_ROWS, K, INT4_BLOCK_ROWS // 2)  # [N/64, K, 32]
+    b = block_rows or int4_block_rows()
+    blocks = packed.view(N // b, K, b // 2)
     if ids is None:
-        codes = torch.cat([blocks & 0xF, blocks >> 4], dim=2)  # [N/64, K, 64]: rows 0..63 of each block
+        codes = torch.cat([blocks & 0xF, blocks >> 4], dim=2)  # [N/b, K, b]: rows 0..b−1 of each block
         return codes.transpose(1, 2).reshape(N, K)
-    within = ids % INT4_BLOCK_ROWS
-    bytes_ = blocks[ids // INT4_BLOCK_ROWS, :, within % (INT4_BLOCK_ROWS // 2)]  # [n, K]
-    high = (within >= INT4_BLOCK_ROWS // 2)[:, None]
+    within = ids % b
+    bytes_ = blocks[ids // b, :, within % (b // 2)]  # [n, K]
+    high = (within >= b // 2)[:, None]
     return torch.where(high, bytes_ >> 4, bytes_ & 0xF)
 
 
@@ -240,16 +255,18 @@ class Projection(nn.Module):
         (asymmetric, round to nearest: each group's minimum and maximum are exact up to bf16).
 
         Returns False, and keeps the weight as it is, where torch's CPU kernel cannot take its
-        shape (rows not a multiple of 64, or input channels not a multiple of `group`) or device.
+        shape (rows not a multiple of its block, or input channels not a multiple of `group`) or
+        device.
         """
         N, K = self.weight.shape
         if self.scale is not None or self.scale_and_zero is not None:
             return self.scale_and_zero is not None
-        if N % INT4_BLOCK_ROWS or K % group or self.weight.device.type != "cpu":
+        block = int4_block_rows()
+        if block is None or N % block or K % group or self.weight.device.type != "cpu":
             return False
         packed = torch.empty(N, K // 2, dtype=torch.uint8)
         scale_and_zero = torch.empty(K // group, N, 2, dtype=torch.bfloat16)
-        for start in range(0, N, QUANTIZE_BLOCK_ROWS):  # a multiple of 64 rows: packed blocks stay whole
+        for start in range(0, N, QUANTIZE_BLOCK_ROWS):  # a multiple of the block: packed blocks stay whole
             rows = slice(start, start + QUANTIZE_BLOCK_ROWS)
             block = self.weight[rows].float().view(-1, K // group, group)
             low, high = block.amin(-1), block.amax(-1)
