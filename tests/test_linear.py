@@ -4,16 +4,27 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from summarize.engine.ops.linear import INT8_PACKED_MAX_ROWS, WEIGHT_FIRST_MAX_ROWS, WEIGHT_FIRST_MIN_ROWS, Projection, linear
+import summarize.engine.ops.linear as linear_module
+from summarize.engine.ops.linear import (
+    AVX2_STREAMED_MAX_ROWS,
+    INT8_PACKED_MAX_ROWS,
+    WEIGHT_FIRST_MAX_ROWS,
+    WEIGHT_FIRST_MIN_ROWS,
+    Projection,
+    linear,
+)
 
 # either side of each switch between the orders, and rows in more than one dimension
-ROW_COUNTS = [(1,), (WEIGHT_FIRST_MIN_ROWS - 1,), (WEIGHT_FIRST_MIN_ROWS,), (2, 4), (WEIGHT_FIRST_MAX_ROWS,),
+ROW_COUNTS = [(1,), (2,), (WEIGHT_FIRST_MIN_ROWS - 1,), (WEIGHT_FIRST_MIN_ROWS,), (2, 4), (WEIGHT_FIRST_MAX_ROWS,),
               (WEIGHT_FIRST_MAX_ROWS + 1,), (4, 9)]
+CPU_KERNELS = ["AVX512", "AVX2"]  # the forms differ by what torch's kernels run with
 
 
+@pytest.mark.parametrize("kernels", CPU_KERNELS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", ROW_COUNTS)
-def test_linear_is_x_times_the_weight_transposed(dtype, shape):
+def test_linear_is_x_times_the_weight_transposed(dtype, shape, kernels, monkeypatch):
+    monkeypatch.setattr(linear_module, "CPU_KERNELS", kernels)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(*shape, 96, generator=gen).to(dtype)
     weight = torch.randn(200, 96, generator=gen).to(dtype)
@@ -22,6 +33,19 @@ def test_linear_is_x_times_the_weight_transposed(dtype, shape):
     # the same sums in another order: fp32 rounding apart, or bf16's rounding of the result
     tolerance = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.float(), F.linear(x.float(), weight.float()), rtol=tolerance, atol=tolerance * 10)
+
+
+@pytest.mark.parametrize("kernels", CPU_KERNELS)
+@pytest.mark.parametrize("dynamic", [False, True])  # a decode step's graph, a verify span's
+@pytest.mark.parametrize("rows", [1, 2, AVX2_STREAMED_MAX_ROWS, AVX2_STREAMED_MAX_ROWS + 1])
+def test_compiled_fp32_linear_is_x_times_the_weight_transposed(rows, dynamic, kernels, monkeypatch):
+    """Inside a compiled step too, whether it streams the weights itself or asks torch's GEMM."""
+    monkeypatch.setattr(linear_module, "CPU_KERNELS", kernels)
+    torch._dynamo.reset()  # graphs built for the other kind of CPU
+    gen = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(rows, 96, generator=gen), torch.randn(200, 96, generator=gen)
+    got = torch.compile(linear, fullgraph=True, dynamic=dynamic)(x, weight)
+    torch.testing.assert_close(got, F.linear(x, weight), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("dynamic", [False, True])  # a decode step's graph, a verify span's

@@ -1,11 +1,12 @@
 """x @ Wᵀ in every form the engine needs: eager, inside a compiled decode step, and int8.
 
-In fp32 on a CPU, compiled or not, `linear` is torch's GEMM, asked in the order that reads the
+In fp32 on a CPU, compiled or not, `linear` is mostly torch's GEMM, asked in the order that reads the
 weight fastest for the number of rows: x @ Wᵀ for 1 to 3 rows (as fast as one row), W @ xᵀ up to a
-few dozen, x @ Wᵀ for more. In bf16, inside `torch.compile`, for one or two input rows, it is a
-multiply-and-sum over the input dimension that inductor turns into one pass over the weight rows:
-torch's bf16 GEMM is built for many rows and reads the weights slowly for one. With more rows, or
-eagerly, it is torch's GEMM.
+few dozen, x @ Wᵀ for more. Where torch runs AVX2 kernels (no AVX-512), MKL reads a few rows slower:
+there a compiled step of up to 9 rows streams the weights itself, and W @ xᵀ starts at two rows.
+In bf16, inside `torch.compile`, for one or two input rows, it is a multiply-and-sum over the
+input dimension that inductor turns into one pass over the weight rows: torch's bf16 GEMM is built
+for many rows and reads the weights slowly for one. With more rows, or eagerly, it is torch's GEMM.
 
 `Projection` holds one weight matrix: in the model's dtype, as int8 with one scale per output row,
 or as int4 with a scale and a zero per group of input channels (weight-only quantization:
@@ -31,12 +32,20 @@ INT8_MAX = 127
 # Up to this many input rows a compiled step in bf16 (or on a GPU) streams the weights itself; with
 # more, the per-row work makes the loop compute-bound and torch's GEMM wins.
 STREAMED_MAX_ROWS = 2
-# In fp32 on a CPU, torch's GEMM (MKL) reads a weight as fast for 3 rows as for 1 when asked for
-# x @ Wᵀ (a 2-core AVX-512 Xeon: 22-24 GB/s, where a streamed loop reads 13-18); from 4 rows that
-# form drops to 7-12 GB/s, and W @ xᵀ, the weight first, holds 12-14 up to a few dozen rows (the
-# 0.8B head at 9 rows: 82 against 144 ms); at 72 rows x @ Wᵀ wins again.
+# In fp32 on a CPU whose kernels torch runs with AVX-512, torch's GEMM (MKL) reads a weight as fast
+# for 3 rows as for 1 when asked for x @ Wᵀ (a 2-core Xeon: 22-24 GB/s, where a streamed loop reads
+# 13-18); from 4 rows that form drops to 7-12 GB/s, and W @ xᵀ, the weight first, holds 12-14 up to
+# a few dozen rows (the 0.8B head at 9 rows: 82 against 144 ms); at 72 rows x @ Wᵀ wins again.
 WEIGHT_FIRST_MIN_ROWS = 4
 WEIGHT_FIRST_MAX_ROWS = 32
+# With AVX2 kernels (no AVX-512) it is otherwise (a 2-core AMD EPYC, Zen 3, 0.8B's MLP matrix):
+# MKL's x @ Wᵀ reads 14-15 GB/s at one row and 6-8 at 2 to 9 rows, W @ xᵀ 14-19 at 2 to 4 rows;
+# a compiled streamed loop reads 18-23 GB/s at 1 to 4 rows and 13-15 at 9, then falls behind
+# (8-9 at 12 rows, 4 at 16). So there W @ xᵀ from two rows, and compiled steps of up to this many
+# rows stream the weights themselves (a 0.8B decode step: 208-228 → 143-155 ms at one row).
+AVX2_WEIGHT_FIRST_MIN_ROWS = 2
+AVX2_STREAMED_MAX_ROWS = 9
+CPU_KERNELS = torch.backends.cpu.get_cpu_capability()  # "AVX512", "AVX2", ...: what torch runs here
 INT8_PACKED_MAX_ROWS = 16  # up to this many input rows, int8 reads its weight in one pass (linear_int8)
 WIDEN_BLOCK_ROWS = 512  # int8 rows widened to fp32 at a time by an eager fp32 product: 2 MB, in cache
 QUANTIZE_BLOCK_ROWS = 8192  # rows quantized at a time: bounded fp32 temporaries
@@ -52,7 +61,10 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     """x [..., K] times weight [N, K] transposed → [..., N] in x's dtype, accumulated in fp32."""
     rows = x.numel() // x.shape[-1]
     if x.dtype == torch.float32 and x.device.type == "cpu":
-        if WEIGHT_FIRST_MIN_ROWS <= rows <= WEIGHT_FIRST_MAX_ROWS:
+        avx2 = CPU_KERNELS == "AVX2"
+        if avx2 and torch.compiler.is_compiling() and has_static_value(rows) and rows <= AVX2_STREAMED_MAX_ROWS:
+            return _streamed(x, weight)
+        if (AVX2_WEIGHT_FIRST_MIN_ROWS if avx2 else WEIGHT_FIRST_MIN_ROWS) <= rows <= WEIGHT_FIRST_MAX_ROWS:
             return torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t().reshape(*x.shape[:-1], weight.shape[0])
         return F.linear(x, weight)
     if torch.compiler.is_compiling() and rows <= STREAMED_MAX_ROWS:
