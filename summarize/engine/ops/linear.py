@@ -273,8 +273,10 @@ class Projection(nn.Module):
         N, K = self.weight.shape
         if self.scale is not None or self.scale_and_zero is not None:
             return self.scale_and_zero is not None
-        block = int4_block_rows()
-        if block is None or N % block or K % group or self.weight.device.type != "cpu":
+        if self.weight.device.type != "cpu" or K % group:
+            return False
+        block_rows = int4_block_rows()
+        if block_rows is None or N % block_rows:
             return False
         packed = torch.empty(N, K // 2, dtype=torch.uint8)
         scale_and_zero = torch.empty(K // group, N, 2, dtype=torch.bfloat16)
