@@ -224,7 +224,7 @@ def rwkv_costs(model) -> dict:
 def stats_off(family: str):
     """Run the recurrent layers with their per-chunk stats switched off: the no-diagnostics baseline.
     (Their forward takes `with_stats` last: Gated DeltaNet's and RWKV-6's time-mix.)"""
-    from summarize.engine import qwen3_5, rwkv6
+    from summarize.engine.models import qwen3_5, rwkv6
 
     layer = {"qwen3_5": qwen3_5.GatedDeltaNet, "rwkv6": rwkv6.TimeMix}[family]
     original = layer.forward

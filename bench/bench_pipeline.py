@@ -144,7 +144,7 @@ def pdf_pages(path: Path) -> int | None:
 def plain_text(path: Path, folder: Path) -> Path:
     """The document as the text llama.cpp is given: what summarize extracts from it."""
     out = folder / (path.stem + ".prompt.txt")
-    from summarize.input_text import extract_text
+    from summarize.inputs.extract import extract_text
 
     out.write_text(extract_text(str(path)), encoding="utf-8")
     return out
@@ -230,8 +230,8 @@ def fmt(value: float | None, digits: int = 1) -> str:
 def settings(folder: str) -> tuple[dict[str, list[str]], dict[str, int]]:
     """The settings compared ({name: extra arguments}) and the rows per map batch each runs."""
     from summarize.engine import load_model
-    from summarize.map_batch import MAX_MAP_BATCH, map_batch_size, row_bytes
-    from summarize.types import DEFAULT_CHUNK_TOKENS
+    from summarize.settings import DEFAULT_CHUNK_TOKENS
+    from summarize.summarizers.map_rows import MAX_MAP_BATCH, map_batch_size, row_bytes
 
     model = load_model(folder, device="cpu", compile=False)
     state, weight_bytes = model.new_state(1), sum(b.nbytes for b in model.buffers())

@@ -74,11 +74,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from summarize.engine import load_model  # noqa: E402
-from summarize.engine.drafts import DraftCosts  # noqa: E402
-from summarize.engine.generate import generate, generate_batch  # noqa: E402
+from summarize.engine.generation.drafts import DraftCosts  # noqa: E402
+from summarize.engine.generation.generate import generate, generate_batch  # noqa: E402
 from summarize.engine.loading import default_dtype  # noqa: E402
-from summarize.engine.tokenizer import Tokenizer  # noqa: E402
-from summarize.types import DEFAULT_SPECULATE  # noqa: E402
+from summarize.engine.tokenizers.tokenizer import Tokenizer  # noqa: E402
+from summarize.settings import DEFAULT_SPECULATE  # noqa: E402
 
 VERIFY_DRAFTS = (1, 2, 4, 8)
 SHARES = (0.0, 0.3, 0.5, 0.7, 0.9)
@@ -146,7 +146,7 @@ def mtp_costs(model, prompt: torch.Tensor, repeats: int) -> dict:
     """What drafting k tokens from the MTP head costs against a decode step (B = 1): reading the
     position the step kept, then k guesses. With the full head, and read for the prompt's tokens
     only (`MTPDrafts`' vocabulary)."""
-    from summarize.engine.mtp_drafts import MTPDrafts
+    from summarize.engine.generation.mtp_drafts import MTPDrafts
 
     state, token = prompt_state(model, 1, prompt)
     result = {}

@@ -71,7 +71,7 @@ def save_mtp_head(folder: Path, dtype: torch.dtype) -> None:
     from safetensors.torch import save_file
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from summarize.engine.qwen3_5 import Qwen35Config, mtp_shapes
+    from summarize.engine.models.qwen3_5 import Qwen35Config, mtp_shapes
 
     cfg = Qwen35Config.from_dict(json.loads((folder / "config.json").read_text()))
     gen = torch.Generator().manual_seed(1)

@@ -2,7 +2,7 @@
 
 from summarize.api import Summarizer, summarize_file, summarize_text
 from summarize.errors import SummarizeError
-from summarize.types import Summary
+from summarize.records import Summary
 
 __version__ = "0.1.0"
 __all__ = ["SummarizeError", "Summarizer", "Summary", "__version__", "summarize_file", "summarize_text"]

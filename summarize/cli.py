@@ -24,10 +24,12 @@ import typer
 from typer.core import TyperCommand
 from typer.exceptions import TyperException
 
-from summarize import __version__, batch, cluster
-from summarize.errors import SummarizeError
-from summarize.map_batch import parse_size
-from summarize.types import (
+from summarize import __version__
+from summarize.cluster import address as cluster
+from summarize.errors import SummarizeError, first_line
+from summarize.run import local
+from summarize.run.plan import plan_jobs
+from summarize.settings import (
     DEFAULT_BATCH_MEMORY,
     DEFAULT_CACHE_SIZE,
     DEFAULT_CHUNK_TOKENS,
@@ -43,11 +45,12 @@ from summarize.types import (
     MAX_SPECULATE,
     MIN_CHUNK_TOKENS,
     STRATEGIES,
-    Reporter,
     Settings,
-    printable,
+    parse_size,
 )
-from summarize.ui import QuietUI, RichUI
+from summarize.ui.escape import printable
+from summarize.ui.reporter import Reporter
+from summarize.ui.terminal import QuietUI, RichUI
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143, what a shell reports for a process SIGTERM ended
@@ -292,7 +295,7 @@ def plot(
 ) -> None:
     """Draw a --diagnostics-file as heatmaps of layers × spans: state_norm, gate_mean and
     delta_norm, in prefill (by chunk) and decode (by step), for each input."""
-    from summarize.diagnostics_plot import FORMATS, write_plot
+    from summarize.diagnostics.plot import FORMATS, write_plot
 
     if output.suffix.lower() not in FORMATS:
         raise typer.BadParameter(f"{output} is neither .html nor .svg", param_hint="'-o'")
@@ -376,9 +379,9 @@ def _check_device(text: str) -> None:
 
 def _pull(model: str, *, quiet: bool) -> int:
     """Fetch a hub model with huggingface_hub's progress bars on stderr; a folder or file is just checked."""
-    from summarize.engine.gguf_file import GGUFFile
-    from summarize.engine.gguf_source import gguf_file_for
     from summarize.engine.loading import read_config, resolve_source
+    from summarize.engine.weights.gguf_file import GGUFFile
+    from summarize.engine.weights.gguf_source import gguf_file_for
 
     ui = QuietUI() if quiet else RichUI()
     try:
@@ -401,17 +404,17 @@ def _run(inputs: list[str], output: str | None, settings: Settings, ui: Reporter
     try:
         with _library_warnings(shown=settings.verbose), _sigterm_interrupts() as sigterm:
             try:
-                plan = batch.plan(inputs, output, diagnostics_file=settings.diagnostics_file)
+                plan = plan_jobs(inputs, output, diagnostics_file=settings.diagnostics_file)
             except SummarizeError as exc:
                 ui.error(str(exc))
                 return EXIT_USAGE
             if on_cluster is None:
-                results = batch.run(plan, settings, ui=ui, force=force, json_lines=json_lines)
+                results = local.run(plan, settings, ui=ui, force=force, json_lines=json_lines)
             else:
-                from summarize import ray_batch  # only here: a plain run never imports the cluster code
+                from summarize.cluster import run as cluster_run  # only here: a plain run never imports the cluster code
 
                 address, resources = on_cluster
-                results = ray_batch.run(plan, settings, cluster=address, resources=resources, ui=ui, force=force,
+                results = cluster_run.run(plan, settings, cluster=address, resources=resources, ui=ui, force=force,
                                         json_lines=json_lines)
     except cluster.ClusterError as exc:  # before any document was sent
         ui.close()
@@ -423,7 +426,7 @@ def _run(inputs: list[str], output: str | None, settings: Settings, ui: Reporter
         message, code = _interruption(exc, sigterm)
         ui.error(message)
         return code
-    except batch.StdoutError as exc:
+    except local.StdoutError as exc:
         ui.close()
         ui.error(str(exc))
         return EXIT_FAILED
@@ -432,8 +435,7 @@ def _run(inputs: list[str], output: str | None, settings: Settings, ui: Reporter
         return EXIT_FAILED
     except Exception as exc:  # a bug, not a bad input: still one line unless --verbose
         ui.close()
-        first_line = next(iter(str(exc).splitlines()), "")
-        ui.error(f"unexpected {type(exc).__name__}: {first_line} (--verbose shows details)",
+        ui.error(f"unexpected {type(exc).__name__}: {first_line(exc)} (--verbose shows details)",
                  exc=exc)
         return EXIT_FAILED
     finally:

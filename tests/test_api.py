@@ -37,7 +37,7 @@ def test_the_defaults_are_the_clis():
 
 @pytest.mark.skipif(not REAL_TOKENIZER.is_file(), reason="needs ../shared/reference/qwen3.5/tokenizer.json")
 def test_a_summarizer_loads_its_model_once_for_many_calls(tmp_path, monkeypatch):
-    import summarize.session as session
+    import summarize.summarizers.session as session
 
     folder = tiny_released_layout(tmp_path / "tiny")
     loads = []

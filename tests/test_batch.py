@@ -11,12 +11,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from summarize import batch, cli, output
-from summarize.batch import plan
-from summarize.extractive_summarizer import ExtractiveSummarizer
-from summarize.output import HEADER, write_atomic
-from summarize.text import count_words
-from summarize.types import Job, Settings
+from summarize import cli, files
+from summarize.files import write_atomic
+from summarize.inputs.words import count_words
+from summarize.records import Job
+from summarize.run import local, output
+from summarize.run.output import HEADER
+from summarize.run.plan import Plan, plan_jobs
+from summarize.settings import Settings
+from summarize.summarizers.extractive import ExtractiveSummarizer
 
 GOOD = """Bees visit flowers to collect nectar and pollen. While they feed, pollen sticks to their
 bodies and travels to the next flower. Many crops depend on this service for a good harvest.
@@ -102,7 +105,7 @@ def temp_files(folder: Path) -> list[Path]:
 
 
 def test_folder_scan_is_sorted_and_skips_hidden_and_outputs(docs: Path):
-    p = plan([str(docs)])
+    p = plan_jobs([str(docs)])
     assert [j.input for j in p.jobs] == [
         str(docs / "bees.txt"), str(docs / "broken.pdf"), str(docs / "sub" / "lights.md")]
     assert p.headers and all(j.output is None for j in p.jobs)
@@ -110,7 +113,7 @@ def test_folder_scan_is_sorted_and_skips_hidden_and_outputs(docs: Path):
 
 def test_outputs_mirror_the_folder(docs: Path, tmp_path: Path):
     out = tmp_path / "out"
-    p = plan([str(docs), "-"], out)
+    p = plan_jobs([str(docs), "-"], out)
     assert [j.output for j in p.jobs] == [
         out / "bees.summary.md", out / "broken.summary.md", out / "sub" / "lights.summary.md",
         out / "stdin.summary.md"]
@@ -119,11 +122,11 @@ def test_outputs_mirror_the_folder(docs: Path, tmp_path: Path):
 
 def test_one_file_one_output_file(tmp_path: Path):
     src = tmp_path / "a.txt"
-    assert plan([str(src)], tmp_path / "a.md").jobs == [Job(str(src), tmp_path / "a.md")]
+    assert plan_jobs([str(src)], tmp_path / "a.md").jobs == [Job(str(src), tmp_path / "a.md")]
     (tmp_path / "into").mkdir()
-    assert plan([str(src)], tmp_path / "into").jobs[0].output == tmp_path / "into" / "a.summary.md"
-    assert plan([str(src)], f"{tmp_path}/new/").jobs[0].output == tmp_path / "new" / "a.summary.md"
-    assert not plan([str(src)]).headers
+    assert plan_jobs([str(src)], tmp_path / "into").jobs[0].output == tmp_path / "into" / "a.summary.md"
+    assert plan_jobs([str(src)], f"{tmp_path}/new/").jobs[0].output == tmp_path / "new" / "a.summary.md"
+    assert not plan_jobs([str(src)]).headers
 
 
 def test_colliding_outputs_keep_their_suffix(tmp_path: Path):
@@ -131,13 +134,13 @@ def test_colliding_outputs_keep_their_suffix(tmp_path: Path):
     root.mkdir()
     for name in ("x.pdf", "x.txt", "y.txt"):
         (root / name).write_text("text")
-    outs = [j.output.name for j in plan([str(root)], tmp_path / "o").jobs]
+    outs = [j.output.name for j in plan_jobs([str(root)], tmp_path / "o").jobs]
     assert outs == ["x.pdf.summary.md", "x.txt.summary.md", "y.summary.md"]
 
 
 def test_same_name_from_two_folders_fails_the_second(tmp_path: Path):
     a, b = tmp_path / "a" / "r.txt", tmp_path / "b" / "r.txt"
-    jobs = plan([str(a), str(b)], tmp_path / "o").jobs
+    jobs = plan_jobs([str(a), str(b)], tmp_path / "o").jobs
     assert jobs[0].output == tmp_path / "o" / "r.summary.md" and not jobs[0].problem
     assert jobs[1].problem and jobs[1].output is None
 
@@ -145,26 +148,26 @@ def test_same_name_from_two_folders_fails_the_second(tmp_path: Path):
 def test_duplicates_are_read_once(tmp_path: Path):
     src = tmp_path / "a.txt"
     src.write_text(GOOD)
-    assert len(plan([str(src), str(tmp_path / "." / "a.txt")]).jobs) == 1
+    assert len(plan_jobs([str(src), str(tmp_path / "." / "a.txt")]).jobs) == 1
 
 
 def test_empty_folder_is_a_failed_input(tmp_path: Path):
     (tmp_path / "empty").mkdir()
-    (job,) = plan([str(tmp_path / "empty")]).jobs
+    (job,) = plan_jobs([str(tmp_path / "empty")]).jobs
     assert "no .pdf, .txt, .md files" in job.problem
 
 
 @pytest.mark.parametrize("inputs", [[], ["-", "-"]])
 def test_unworkable_command_lines(inputs):
-    with pytest.raises(batch.SummarizeError):
-        plan(inputs)
+    with pytest.raises(local.SummarizeError):
+        plan_jobs(inputs)
 
 
 def test_output_file_for_several_inputs(tmp_path: Path):
     out = tmp_path / "out.md"
     out.write_text("")
-    with pytest.raises(batch.SummarizeError, match="is a file"):
-        plan(["a.txt", "b.txt"], out)
+    with pytest.raises(local.SummarizeError, match="is a file"):
+        plan_jobs(["a.txt", "b.txt"], out)
 
 
 # --- running -------------------------------------------------------------------------------
@@ -218,7 +221,7 @@ def test_touched_input_is_rewritten(tmp_path: Path):
     out = tmp_path / "bees.summary.md"
     settings = Settings(words=40, extractive=True)
     job = Job(str(src), out)
-    batch.run(batch.Plan([job], False), settings, ui=RecordingUI())
+    local.run(Plan([job], False), settings, ui=RecordingUI())
     assert output.is_up_to_date(job, settings.fingerprint())
     os.utime(src, ns=(out.stat().st_mtime_ns + 10**9,) * 2)
     assert not output.is_up_to_date(job, settings.fingerprint())
@@ -230,7 +233,7 @@ def test_a_fallback_summary_is_up_to_date_for_the_settings_that_asked_for_it(tmp
     job = Job(str(src), tmp_path / "bees.summary.md")
     settings = Settings(words=40)  # asks for a model; gets the extractive fallback
     ui = RecordingUI()
-    (result,) = batch.run(batch.Plan([job], False), settings, ui=ui)
+    (result,) = local.run(Plan([job], False), settings, ui=ui)
     assert result.status == "ok" and result.summary.method == "extractive"
     assert len(ui.of("note")) == 1
     first_line = job.output.read_text().splitlines()[0]
@@ -238,10 +241,10 @@ def test_a_fallback_summary_is_up_to_date_for_the_settings_that_asked_for_it(tmp
     assert output.is_up_to_date(job, settings.fingerprint())
 
     again = RecordingUI()  # the re-run skips it, and so never tries to load the model
-    (rerun,) = batch.run(batch.Plan([job], False), settings, ui=again)
+    (rerun,) = local.run(Plan([job], False), settings, ui=again)
     assert rerun.status == "skipped" and not again.of("note")
     assert not output.is_up_to_date(job, Settings(words=40, extractive=True).fingerprint())
-    (forced,) = batch.run(batch.Plan([job], False), settings, ui=RecordingUI(), force=True)
+    (forced,) = local.run(Plan([job], False), settings, ui=RecordingUI(), force=True)
     assert forced.status == "ok"
 
 
@@ -271,7 +274,7 @@ def test_events_and_stdout_layout(docs: Path):
     (docs / "broken.pdf").unlink()
     ui, stdout = RecordingUI(), io.StringIO()
     settings = Settings(words=40, extractive=True)
-    results = batch.run(plan([str(docs)]), settings, ui=ui, stdout=stdout)
+    results = local.run(plan_jobs([str(docs)]), settings, ui=ui, stdout=stdout)
     assert [r.status for r in results] == ["ok", "ok"]
     assert ui.of("started") == [(str(docs / "bees.txt"), 1, 2), (str(docs / "sub/lights.md"), 2, 2)]
     assert ui.of("table") == [(["ok", "ok"],)]
@@ -286,7 +289,7 @@ def test_no_sentence_fits_is_a_failure(tmp_path: Path):
     src.write_text("This single sentence has far more than the three words allowed here.\n")
     ui = RecordingUI()
     settings = Settings(words=3, extractive=True)
-    (result,) = batch.run(plan([str(src)]), settings, ui=ui, stdout=io.StringIO())
+    (result,) = local.run(plan_jobs([str(src)]), settings, ui=ui, stdout=io.StringIO())
     assert result.status == "failed"
     assert result.reason == "no sentence fits in 3 words"
     assert ui.of("error") == [(f"{src}: no sentence fits in 3 words",)]
@@ -301,11 +304,11 @@ def test_a_model_that_fails_to_load_is_tried_once_and_fails_every_input(monkeypa
         loads.append(1)
         raise SummarizeError("model.safetensors: truncated file")
 
-    monkeypatch.setattr(batch, "make_summarizer", failing_load)
+    monkeypatch.setattr(local, "make_summarizer", failing_load)
     for name in ("a.txt", "b.txt", "c.txt"):
         (tmp_path / name).write_text("Bees dance to tell each other where the flowers are. " * 3)
     ui = RecordingUI()
-    results = batch.run(plan([str(tmp_path)]), Settings(words=40), ui=ui, stdout=io.StringIO())
+    results = local.run(plan_jobs([str(tmp_path)]), Settings(words=40), ui=ui, stdout=io.StringIO())
     assert len(loads) == 1
     assert [r.status for r in results] == ["failed"] * 3
     assert all("truncated file" in r.reason for r in results)
@@ -317,12 +320,12 @@ def test_a_model_load_error_is_said_once_and_each_input_points_at_it(monkeypatch
     def failing_load(settings, ui):
         raise SummarizeError("model.safetensors: truncated file")
 
-    monkeypatch.setattr(batch, "make_summarizer", failing_load)
+    monkeypatch.setattr(local, "make_summarizer", failing_load)
     names = ("a.txt", "b.txt", "c.txt")
     for name in names:
         (tmp_path / name).write_text("Bees dance to tell each other where the flowers are. " * 3)
     ui = RecordingUI()
-    batch.run(plan([str(tmp_path)]), Settings(words=40), ui=ui, stdout=io.StringIO())
+    local.run(plan_jobs([str(tmp_path)]), Settings(words=40), ui=ui, stdout=io.StringIO())
     assert ui.of("error") == [("the model could not be loaded: model.safetensors: truncated file",)] + [
         (f"{tmp_path / name}: the model could not be loaded (see above)",) for name in names]
 
@@ -334,19 +337,19 @@ def test_the_summarizer_is_closed_when_the_run_ends_and_when_it_is_interrupted(m
         def close(self):  # the model summarizer closes its diagnostics file here
             closed.append(True)
 
-    monkeypatch.setattr(batch, "make_summarizer", lambda settings, ui: Closing(settings))
+    monkeypatch.setattr(local, "make_summarizer", lambda settings, ui: Closing(settings))
     src = tmp_path / "bees.txt"
     src.write_text(GOOD)
     settings = Settings(words=40, extractive=True)
-    batch.run(plan([str(src)]), settings, ui=RecordingUI(), stdout=io.StringIO())
+    local.run(plan_jobs([str(src)]), settings, ui=RecordingUI(), stdout=io.StringIO())
     assert closed == [True]
 
     def interrupted(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(output.os, "replace", interrupted)
+    monkeypatch.setattr(files.os, "replace", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        batch.run(plan([str(src)], tmp_path / "out.md"), settings, ui=RecordingUI())
+        local.run(plan_jobs([str(src)], tmp_path / "out.md"), settings, ui=RecordingUI())
     assert closed == [True, True]
 
 
@@ -370,7 +373,7 @@ def test_write_atomic_interrupted_keeps_old_file(monkeypatch, tmp_path: Path, ex
     def fail(*args):
         raise exc
 
-    monkeypatch.setattr(output.os, "replace", fail)
+    monkeypatch.setattr(files.os, "replace", fail)
     with pytest.raises(exc):
         write_atomic(target, "new\n")
     assert target.read_text() == "old\n"
@@ -388,7 +391,7 @@ def test_interrupt_mid_batch_keeps_finished_outputs_only(monkeypatch, docs: Path
             raise KeyboardInterrupt
         real_fsync(fd)
 
-    monkeypatch.setattr(output.os, "fsync", fsync_then_interrupt)
+    monkeypatch.setattr(files.os, "fsync", fsync_then_interrupt)
     out = tmp_path / "out"
     result = invoke(str(docs), "-o", str(out), "--extractive")
     assert result.exit_code == 130

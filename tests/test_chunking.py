@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from summarize.chunking import RESET_MARKER, Chunk, chunk_text
-from summarize.text import count_words, split_sentences
+from summarize.inputs.words import count_words, split_sentences
+from summarize.summarizers.chunking import RESET_MARKER, Chunk, chunk_text
 
 VOCABULARY = ["river", "stone", "light", "garden", "quiet", "window", "morning", "paper", "silver", "forest"]
 

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from summarize import batch, cli, output
-from summarize.extractive import extractive_summary
-from summarize.input_text import extract_text
-from summarize.text import count_words
+from summarize import cli, files
+from summarize.inputs.extract import extract_text
+from summarize.inputs.words import count_words
+from summarize.run import local
+from summarize.summarizers.extractive_selection import extractive_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 SENTENCE_END = (".", "!", "?", "…", "。", "！", "？", '"', "”", "’", ")")
@@ -181,7 +182,7 @@ def test_options_reach_the_settings(monkeypatch, rivers_txt: Path):
         seen["settings"], seen["kwargs"] = settings, kwargs
         return []
 
-    monkeypatch.setattr(batch, "run", fake_run)
+    monkeypatch.setattr(local, "run", fake_run)
     result = run_cli(
         str(rivers_txt), "-n", "42", "--strategy", "stream", "--top-p", "0.9", "--top-k", "5",
         "--temperature", "0.7", "--seed", "3", "--dtype", "bfloat16", "--force", "--json",
@@ -306,7 +307,7 @@ def test_unexpected_exception_is_one_line_unless_verbose(monkeypatch, rivers_txt
     def broken(*args, **kwargs):
         raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr(batch, "extract_text", broken)
+    monkeypatch.setattr(local, "extract_text", broken)
     result = run_cli(str(rivers_txt))
     assert result.exit_code == 1
     line = assert_one_error_line(result.stderr)
@@ -320,7 +321,7 @@ def test_keyboard_interrupt_while_writing_leaves_nothing(monkeypatch, tmp_path, 
     def interrupted(src, dst):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(output.os, "replace", interrupted)
+    monkeypatch.setattr(files.os, "replace", interrupted)
     out = tmp_path / "out"
     result = run_cli(str(rivers_txt), "-o", str(out / "rivers.summary.md"), "--extractive")
     assert result.exit_code == 130
@@ -333,7 +334,7 @@ def test_keyboard_interrupt_while_summarizing(monkeypatch, rivers_txt: Path):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(batch, "extract_text", interrupted)
+    monkeypatch.setattr(local, "extract_text", interrupted)
     result = run_cli(str(rivers_txt))
     assert result.exit_code == 130
     assert_one_error_line(result.stderr)

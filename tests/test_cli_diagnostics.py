@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from summarize import cli
-from summarize.text import count_words
+from summarize.inputs.words import count_words
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"

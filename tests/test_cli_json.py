@@ -9,8 +9,9 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from summarize import batch, cli
-from summarize.extractive_summarizer import ExtractiveSummarizer
+from summarize import cli
+from summarize.run import local
+from summarize.summarizers.extractive import ExtractiveSummarizer
 
 TEXT = ("Bees visit flowers to collect nectar and pollen. Pollen sticks to their bodies and travels "
         "to the next flower. Many crops depend on this service for a good harvest.\n")
@@ -45,7 +46,7 @@ def test_records_keep_the_inputs_order_when_documents_wait_to_be_batched(monkeyp
     class Batching(ExtractiveSummarizer):  # holds documents back, as map-reduce does for 8
         documents_per_batch = 8
 
-    monkeypatch.setattr(batch, "make_summarizer", lambda settings, ui: Batching(settings))
+    monkeypatch.setattr(local, "make_summarizer", lambda settings, ui: Batching(settings))
     names = ["a.txt", "b-gone.txt", "c.txt"]
     (tmp_path / "a.txt").write_text(TEXT)
     (tmp_path / "c.txt").write_text(TEXT)

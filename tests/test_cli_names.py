@@ -13,8 +13,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from summarize import cli
-from summarize.types import ModelProgress, Result, printable
-from summarize.ui import RichUI
+from summarize.records import ModelProgress, Result
+from summarize.ui.escape import printable
+from summarize.ui.terminal import RichUI
 
 TEXT = ("Bees visit flowers to collect nectar and pollen. Pollen sticks to their bodies and travels "
         "to the next flower. Many crops depend on this service for a good harvest.\n")
@@ -97,7 +98,7 @@ def test_error_lines_and_the_table_escape_what_they_are_given():
 
 
 def test_the_live_view_shows_the_input_escaped():
-    from summarize.live_view import StateView
+    from summarize.ui.live_view import StateView
 
     view = StateView()
     view.set_phase(ModelProgress(input=f"{RETITLE}.pdf", chunk=0, chunks=2, phase="prefill"))

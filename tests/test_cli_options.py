@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from summarize import cli
-from summarize.types import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, MAX_CHUNK_TOKENS, MIN_CHUNK_TOKENS
+from summarize.settings import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, MAX_CHUNK_TOKENS, MIN_CHUNK_TOKENS
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = ("Bees visit flowers to collect nectar and pollen. Pollen sticks to their bodies and travels "
@@ -68,7 +68,7 @@ def test_help_states_the_bounds():
 
 
 def test_the_cli_defaults_agree_with_the_model_summarizer():
-    from summarize import model_summarizer
+    from summarize.summarizers import model as model_summarizer
 
     assert (model_summarizer.DEFAULT_CHUNK_TOKENS, model_summarizer.DEFAULT_OVERLAP) == (
         DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP)

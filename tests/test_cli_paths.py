@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from summarize import cli, output
+from summarize import cli, files
 
 TEXT = ("Bees visit flowers to collect nectar and pollen. Pollen sticks to their bodies and travels "
         "to the next flower. Many crops depend on this service for a good harvest.\n")
@@ -152,7 +152,7 @@ def test_a_failed_write_names_the_output_not_its_temporary_file(monkeypatch, tmp
     def refused(src, dst):  # as os.replace reports it: the temporary file first
         raise PermissionError(errno.EACCES, "Permission denied", src, None, dst)
 
-    monkeypatch.setattr(output.os, "replace", refused)
+    monkeypatch.setattr(files.os, "replace", refused)
     (tmp_path / "a.txt").write_text(TEXT)
     out = tmp_path / "out" / "a.summary.md"
     result = invoke(str(tmp_path / "a.txt"), "-o", str(out), "--extractive")

@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from summarize import cli, ray_worker
-from summarize.batch import ModelNotLoaded
-from summarize.cluster import ClusterAddress, ClusterError, parse_address
-from summarize.input_text import ExtractionError
-from summarize.ray_progress import Throughput
-from summarize.ray_worker import DocumentWorker
-from summarize.types import Settings
+from summarize import cli
+from summarize.cluster import worker as ray_worker
+from summarize.cluster.address import ClusterAddress, ClusterError, parse_address
+from summarize.cluster.progress import Throughput
+from summarize.cluster.worker import DocumentWorker
+from summarize.inputs.extract import ExtractionError
+from summarize.run.outcomes import ModelNotLoaded
+from summarize.settings import Settings
 from test_batch import GOOD
 
 

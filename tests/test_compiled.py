@@ -154,7 +154,7 @@ def test_the_mtp_head_reads_a_prompt_through_the_compiled_prefill_as_eagerly(tmp
     its cache holds what the eager head's holds."""
     from safetensors.torch import save_file
 
-    from summarize.engine.mtp_drafts import with_drafter
+    from summarize.engine.generation.mtp_drafts import with_drafter
     from tiny_models import mtp_reference
 
     reference = dense_reference()

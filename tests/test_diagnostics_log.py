@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from summarize.diagnostics_log import DiagnosticsLog
-from summarize.types import ModelProgress
+from summarize.diagnostics.log import DiagnosticsLog
+from summarize.records import ModelProgress
 
 FIELDS = {"input", "chunk", "phase", "layer", "kind", "state_norm", "gate_mean", "delta_norm", "kv_tokens", "tokens"}
 

@@ -15,13 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from summarize.errors import SummarizeError
-from summarize.input_text import (
-    SUPPORTED_SUFFIXES,
-    ExtractionError,
-    clean_text,
-    extract_text,
-    iter_pdf_pages,
-)
+from summarize.inputs.extract import SUPPORTED_SUFFIXES, ExtractionError, clean_text, extract_text, iter_pdf_pages
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 SAMPLE_PDF = SAMPLES / "target-tier-policy.pdf"

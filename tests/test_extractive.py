@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-import summarize.extractive
+import summarize.summarizers.extractive_selection
 from summarize.errors import SummarizeError
-from summarize.extractive import extractive_summary
-from summarize.extractive_summarizer import ExtractiveSummarizer
-from summarize.text import count_words, split_sentences
-from summarize.types import Settings
+from summarize.inputs.words import count_words, split_sentences
+from summarize.settings import Settings
+from summarize.summarizers.extractive import ExtractiveSummarizer
+from summarize.summarizers.extractive_selection import extractive_summary
 
 PARAGRAPHS = [
     "The town of {town} grew up where the {river} bends twice before reaching the sea. "
@@ -192,7 +192,7 @@ def _distinct_sentences(n: int) -> list[str]:
 
 
 def _lines_executed(text: str, budget: int) -> tuple[str, int]:
-    """The summary, and how many lines of summarize/extractive.py ran to make it: a measure of
+    """The summary, and how many lines of summarize/summarizers/extractive_selection.py ran to make it: a measure of
     work that does not depend on the machine's speed."""
     lines = 0
 
@@ -202,7 +202,7 @@ def _lines_executed(text: str, budget: int) -> tuple[str, int]:
         return local
 
     def calls(frame, event, arg):
-        return local if frame.f_code.co_filename == summarize.extractive.__file__ else None
+        return local if frame.f_code.co_filename == summarize.summarizers.extractive_selection.__file__ else None
 
     previous = sys.gettrace()
     sys.settrace(calls)

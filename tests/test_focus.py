@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from summarize import batch, cli
-from summarize.extractive_summarizer import ExtractiveSummarizer
-from summarize.model_summarizer import ModelSummarizer
-from summarize.prompts import MAP_INSTRUCTION, REDUCE_PROMPT, SINGLE_INSTRUCTION, focus_sentence
-from summarize.session import load_session
-from summarize.types import MAP_REDUCE, STREAM, Settings
+from summarize import cli
+from summarize.run import local
+from summarize.settings import MAP_REDUCE, STREAM, Settings
+from summarize.summarizers.extractive import ExtractiveSummarizer
+from summarize.summarizers.model import ModelSummarizer
+from summarize.summarizers.prompts import MAP_INSTRUCTION, REDUCE_PROMPT, SINGLE_INSTRUCTION, focus_sentence
+from summarize.summarizers.session import load_session
 from tiny_models import REAL_TOKENIZER, tiny_released_layout
 
 SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "target-tier-policy.txt"
@@ -22,7 +23,7 @@ SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "target-tier-policy.t
 
 def test_the_option_and_its_environment_variable_reach_the_settings(monkeypatch, tmp_path):
     seen = []
-    monkeypatch.setattr(batch, "run", lambda plan, settings, **kwargs: seen.append(settings) or [])
+    monkeypatch.setattr(local, "run", lambda plan, settings, **kwargs: seen.append(settings) or [])
     doc = tmp_path / "a.txt"
     doc.write_text("One sentence here. Another sentence here.\n")
     CliRunner().invoke(cli.app, [str(doc), "--focus", "risks and costs"])

@@ -7,8 +7,8 @@ import tokenizers
 import torch
 from tokenizers import AddedToken
 
-from summarize.engine.generate import Generation, SamplingParams, generate, generate_batch, greedy_token
-from summarize.engine.tokenizer import Tokenizer
+from summarize.engine.generation.generate import Generation, SamplingParams, generate, generate_batch, greedy_token
+from summarize.engine.tokenizers.tokenizer import Tokenizer
 
 IM_END, ENDOFTEXT = 256, 257
 VOCAB = 258

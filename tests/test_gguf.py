@@ -37,11 +37,11 @@ from typer.testing import CliRunner
 import llama_cpp
 from summarize import cli
 from summarize.engine import ModelNotAvailable, load_model, load_tokenizer
-from summarize.engine import gguf_file as gguf_file_module
-from summarize.engine.gguf_file import GGUFFile, StringList
 from summarize.engine.ops.linear import Projection
-from summarize.engine.rwkv_tokenizer import RwkvTokenizer
-from summarize.engine.tokenizer import Tokenizer
+from summarize.engine.tokenizers.rwkv import RwkvTokenizer
+from summarize.engine.tokenizers.tokenizer import Tokenizer
+from summarize.engine.weights import gguf_file as gguf_file_module
+from summarize.engine.weights.gguf_file import GGUFFile, StringList
 from summarize.errors import SummarizeError
 from tiny_models import REAL_TOKENIZER, RWKV_TINY, blinkdl_checkpoint, dense_reference, hf_layout, moe_reference, save_checkpoint
 

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 import llama_cpp
 from summarize import cli
 from summarize.engine import ModelNotAvailable, load_model
-from summarize.engine.gguf_file import GGUFFile
+from summarize.engine.weights.gguf_file import GGUFFile
 from summarize.errors import SummarizeError
 from tiny_models import RWKV_TINY, blinkdl_checkpoint, hf_layout
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from summarize.engine.gguf_quants import GGML_TYPES, GGUF_PY_KINDS, dequantize
 from summarize.engine.ops.linear import INT8_MAX, quantize_rows
+from summarize.engine.weights.gguf_quants import GGML_TYPES, GGUF_PY_KINDS, dequantize
 from summarize.errors import SummarizeError
 
 np = pytest.importorskip("numpy")

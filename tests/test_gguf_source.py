@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from summarize.engine.gguf_source import pick_quantization
+from summarize.engine.weights.gguf_source import pick_quantization
 from summarize.errors import ModelNotAvailable, SummarizeError
 
 LISTING = [

@@ -8,8 +8,8 @@ import io
 from rich.console import Console
 
 from summarize.engine.diagnostics import LayerReport, SpanReport
-from summarize.live_view import SPARK_WIDTH, StateView, sparkline
-from summarize.types import ModelProgress
+from summarize.records import ModelProgress
+from summarize.ui.live_view import SPARK_WIDTH, StateView, sparkline
 
 
 def test_a_sparkline_spans_the_values_own_range():
@@ -60,7 +60,7 @@ def test_a_new_input_starts_a_new_sparkline_and_only_the_latest_chunks_are_shown
 
 
 def test_a_wait_is_shown_with_its_seconds_until_it_is_over():
-    from summarize.ui import RichUI
+    from summarize.ui.terminal import RichUI
 
     buffer = io.StringIO()
     ui = RichUI(console=Console(file=buffer, force_terminal=True, width=200, color_system=None))
@@ -76,7 +76,7 @@ def test_a_wait_is_shown_with_its_seconds_until_it_is_over():
 
 
 def test_off_a_terminal_a_wait_shows_nothing():
-    from summarize.ui import RichUI
+    from summarize.ui.terminal import RichUI
 
     buffer = io.StringIO()
     ui = RichUI(console=Console(file=buffer, width=200))

@@ -15,9 +15,9 @@ import torch
 
 from summarize.engine import load_model
 from summarize.engine.loading import Checkpoint, read_config
-from summarize.engine.qwen3_5 import Qwen35Config
-from summarize.engine.rwkv7 import RWKV7Config
-from summarize.engine.rwkv_tokenizer import RwkvTokenizer
+from summarize.engine.models.qwen3_5 import Qwen35Config
+from summarize.engine.models.rwkv7 import RWKV7Config
+from summarize.engine.tokenizers.rwkv import RwkvTokenizer
 from summarize.errors import SummarizeError
 from tiny_models import RWKV_TINY, TEXT_CONFIG, blinkdl_checkpoint
 

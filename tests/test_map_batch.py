@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from summarize.engine.qwen3_5 import Qwen35Config, Qwen35Model, checkpoint_shapes
-from summarize.map_batch import MAX_MAP_BATCH, map_batch_size, parse_size, row_bytes
-from summarize.types import DEFAULT_BATCH_MEMORY, DEFAULT_CHUNK_TOKENS
+from summarize.engine.models.qwen3_5 import Qwen35Config, Qwen35Model, checkpoint_shapes
+from summarize.settings import DEFAULT_BATCH_MEMORY, DEFAULT_CHUNK_TOKENS, parse_size
+from summarize.summarizers.map_rows import MAX_MAP_BATCH, map_batch_size, row_bytes
 
 CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "qwen3.5"
 

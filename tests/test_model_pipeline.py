@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from summarize.errors import SummarizeError
-from summarize.extractive_summarizer import ExtractiveSummarizer
-from summarize.model_summarizer import MIN_SUMMARY_WORDS, TOKENS_PER_WORD, ModelSummarizer
-from summarize.session import load_session
-from summarize.text import count_words
-from summarize.types import DEFAULT_SPECULATE, Settings
+from summarize.inputs.words import count_words
+from summarize.settings import DEFAULT_SPECULATE, Settings
+from summarize.summarizers.extractive import ExtractiveSummarizer
+from summarize.summarizers.model import MIN_SUMMARY_WORDS, TOKENS_PER_WORD, ModelSummarizer
+from summarize.summarizers.session import load_session
 from tiny_models import REAL_TOKENIZER, RWKV_TINY, blinkdl_checkpoint, tiny_released_layout
 
 pytestmark = pytest.mark.skipif(not REAL_TOKENIZER.is_file(), reason="needs ../shared/reference/qwen3.5/tokenizer.json")
@@ -190,7 +190,7 @@ def test_int4_weights_for_an_rwkv_checkpoint_from_the_command_line(tmp_path):
 def test_documents_share_their_decode_batches(model_dir, monkeypatch):
     """Several documents go through map-reduce together: notes of chunks from different documents
     decode in one batch, and so do the documents' final summaries."""
-    import summarize.model_summarizer as model_summarizer
+    import summarize.summarizers.model as model_summarizer
 
     session = load_session(Settings(model=str(model_dir), device="cpu", dtype="float32"), lambda msg: None)
     summarizer = ModelSummarizer(session, words=25, chunk_tokens=300, overlap=32)
@@ -233,7 +233,7 @@ def token_budget(words: int) -> int:
 def recording_budgets(monkeypatch, limit: int) -> list[int]:
     """Record each generate_batch's max_new_tokens; one over `limit` fails at once (it would
     decode for minutes)."""
-    import summarize.model_summarizer as model_summarizer
+    import summarize.summarizers.model as model_summarizer
 
     budgets: list[int] = []
     real = model_summarizer.generate_batch
@@ -334,7 +334,7 @@ def test_drafts_asked_of_a_file_without_an_mtp_head_are_a_one_line_error(model_d
 
 def test_drafts_kept_by_the_model_summarizer_are_counted(model_dir):
     """With verifying made free, the library path drafts from the chunks and counts what was kept."""
-    from summarize.engine.drafts import DraftCosts
+    from summarize.engine.generation.drafts import DraftCosts
 
     class FreeVerify(DraftCosts):
         def cost(self, batch, drafts):

@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import save_file
 
 from summarize.engine import load_model
-from summarize.engine.generate import generate_batch
-from summarize.engine.mtp_drafts import MTPDrafts, with_drafter
+from summarize.engine.generation.generate import generate_batch
+from summarize.engine.generation.mtp_drafts import MTPDrafts, with_drafter
 from summarize.engine.state import State
 from test_generate import TOK
 from tiny_models import dense_reference, moe_reference, mtp_reference, save_checkpoint

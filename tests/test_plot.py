@@ -16,9 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from summarize import cli
-from summarize.diagnostics_log import DiagnosticsLog
-from summarize.diagnostics_plot import MAX_COLUMNS, charts, read_spans
-from summarize.types import ModelProgress
+from summarize.diagnostics.log import DiagnosticsLog
+from summarize.diagnostics.plot import MAX_COLUMNS, charts, read_spans
+from summarize.records import ModelProgress
 
 ROOT = Path(__file__).resolve().parents[1]
 SVG = "{http://www.w3.org/2000/svg}"

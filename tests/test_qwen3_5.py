@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from summarize.engine import load_model, memory
-from summarize.engine.qwen3_5 import Qwen35Model
+from summarize.engine.models.qwen3_5 import Qwen35Model
 from summarize.errors import SummarizeError
 from tiny_models import dense_reference, moe_reference, save_checkpoint, vlm_reference
 
@@ -377,7 +377,7 @@ def test_model_is_the_qwen_class(dense):
 
 
 def test_greedy_generation_equals_transformers_generate(dense):
-    from summarize.engine.generate import generate
+    from summarize.engine.generation.generate import generate
 
     reference, model = dense
     prompt = random_ids(1, 23, seed=19)

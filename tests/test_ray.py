@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from summarize import cli, ray_batch, ray_pool, ray_worker
+from summarize import cli
+from summarize.cluster import pool as ray_pool
+from summarize.cluster import run as ray_batch
+from summarize.cluster import worker as ray_worker
 from test_batch import documents, temp_files
 from test_cli_signals import ROOT, STALLING_CHILD, child_env, wait_for
 from tiny_models import REAL_TOKENIZER, tiny_released_layout

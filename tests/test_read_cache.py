@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from summarize import cli, model_summarizer
-from summarize.engine.generate import generate_batch
-from summarize.model_summarizer import ModelSummarizer
-from summarize.read_cache import CACHE_FORMAT, NOTES, STATES, ReadCache, read_cache_for
-from summarize.session import load_session
-from summarize.types import MAP_REDUCE, STREAM, Settings
+from summarize import cli
+from summarize.engine.generation.generate import generate_batch
+from summarize.settings import MAP_REDUCE, STREAM, Settings
+from summarize.summarizers import model as model_summarizer
+from summarize.summarizers.model import ModelSummarizer
+from summarize.summarizers.read_cache import CACHE_FORMAT, NOTES, STATES, ReadCache, read_cache_for
+from summarize.summarizers.session import load_session
 from tiny_models import REAL_TOKENIZER, tiny_released_layout
 
 SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "target-tier-policy.txt"
@@ -196,10 +197,11 @@ def test_a_cache_dir_that_cannot_be_written_is_said_once(model_dir, tmp_path):
 
 
 def test_the_cache_options_reach_the_settings(monkeypatch, tmp_path):
-    from summarize import batch
+
+    from summarize.run import local
 
     seen = []
-    monkeypatch.setattr(batch, "run", lambda plan, settings, **kwargs: seen.append(settings) or [])
+    monkeypatch.setattr(local, "run", lambda plan, settings, **kwargs: seen.append(settings) or [])
     doc = tmp_path / "a.txt"
     doc.write_text("One sentence here.\n")
     CliRunner().invoke(cli.app, [str(doc), "--cache-dir", str(tmp_path / "c"), "--cache-size", "1G"])
@@ -242,7 +244,7 @@ def test_an_entry_under_another_name_or_format_is_a_miss(tmp_path):
 
 
 def test_greedy_notes_do_not_depend_on_the_seed_or_the_filters(tmp_path):
-    from summarize.engine.generate import SamplingParams
+    from summarize.engine.generation.generate import SamplingParams
 
     cache = cache_in(tmp_path)
     greedy = cache.notes_key([1, 2], SamplingParams(temperature=0, seed=1, top_k=5), 144)

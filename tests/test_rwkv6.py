@@ -36,7 +36,8 @@ import pytest
 import torch
 
 from summarize.engine import NonFiniteStateError, load_model, load_tokenizer
-from summarize.engine.generate import SamplingParams, generate_batch
+from summarize.engine.generation.generate import SamplingParams, generate_batch
+from summarize.engine.models.rwkv6 import RWKV6Model
 from summarize.engine.ops.rwkv6_wkv import (
     DEFAULT_CHUNK_SIZE,
     SUB_CHUNK,
@@ -46,10 +47,9 @@ from summarize.engine.ops.rwkv6_wkv import (
     rwkv6_wkv,
     verify_rwkv6,
 )
-from summarize.engine.rwkv6 import RWKV6Model
-from summarize.engine.rwkv_tokenizer import MOBIUS_CHAT, VOCAB_FILE, WORLD_CHAT, RwkvTokenizer
+from summarize.engine.tokenizers.rwkv import MOBIUS_CHAT, VOCAB_FILE, WORLD_CHAT, RwkvTokenizer
 from summarize.errors import SummarizeError
-from summarize.text import count_words
+from summarize.inputs.words import count_words
 from test_speculative import FixedCosts, noisy_copy
 from tiny_models import RWKV6_TINY, RWKV6_TINY_SMALL_HEADS, RWKV_TINY, blinkdl_checkpoint, rwkv6_checkpoint, rwkv6_hf_layout
 
@@ -215,7 +215,7 @@ def test_the_decays_of_the_test_model_are_unbounded(model):
     """The reference comparisons above run through per-token decays down to exp(-12) and below."""
     logs = []
     state = model.new_state(1)
-    with mock.patch("summarize.engine.rwkv6.RWKV6_WKV") as recurrence:
+    with mock.patch("summarize.engine.models.rwkv6.RWKV6_WKV") as recurrence:
         recurrence.advance.side_effect = lambda **x: (logs.append(x["log_w"]), rwkv6_wkv(**x))[1]
         model.forward(random_ids(1, 64, seed=5), state)
     log_w = torch.cat([x.flatten() for x in logs])

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from summarize.engine import ModelNotAvailable, NonFiniteStateError, load_model
+from summarize.engine.models.rwkv7 import RWKV7Model
 from summarize.engine.ops.rwkv7_wkv import (
     DEFAULT_CHUNK_SIZE,
     LOG_DECAY_MIN,
@@ -35,9 +36,8 @@ from summarize.engine.ops.rwkv7_wkv import (
     naive_recurrent_rwkv7,
     recurrent_step_rwkv7,
 )
-from summarize.engine.rwkv7 import RWKV7Model
 from summarize.errors import SummarizeError
-from summarize.text import count_words
+from summarize.inputs.words import count_words
 from tiny_models import RWKV_TINY as TINY
 from tiny_models import blinkdl_checkpoint, hf_layout
 

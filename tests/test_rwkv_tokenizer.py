@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from summarize.engine.rwkv_tokenizer import END_OF_TEXT, VOCAB_FILE, RwkvTokenizer
-from summarize.engine.tokenizer import IncrementalDetokenizer
+from summarize.engine.tokenizers.rwkv import END_OF_TEXT, VOCAB_FILE, RwkvTokenizer
+from summarize.engine.tokenizers.tokenizer import IncrementalDetokenizer
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 

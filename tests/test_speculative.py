@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from summarize.engine import load_model
-from summarize.engine.drafts import PROBE_DRAFTS, REPROBE_STEPS, DraftCosts, DraftPlanner, PromptLookup
-from summarize.engine.generate import SamplingParams, generate_batch
+from summarize.engine.generation.drafts import PROBE_DRAFTS, REPROBE_STEPS, DraftCosts, DraftPlanner, PromptLookup
+from summarize.engine.generation.generate import SamplingParams, generate_batch
 from summarize.engine.ops.gated_delta_rule import naive_recurrent_gated_delta_rule, verify_gated_delta_rule
 from summarize.engine.ops.rwkv7_wkv import naive_recurrent_rwkv7, verify_rwkv7
 from summarize.engine.state import KV_GROWTH_TOKENS
@@ -381,8 +381,8 @@ def test_the_live_view_shows_the_share_of_drafts_kept():
     from rich.console import Console
 
     from summarize.engine.diagnostics import LayerReport, SpanReport
-    from summarize.live_view import StateView
-    from summarize.types import ModelProgress
+    from summarize.records import ModelProgress
+    from summarize.ui.live_view import StateView
 
     view = StateView()
     view.set_phase(ModelProgress(input="doc.pdf", chunk=0, chunks=1, phase="decode"))

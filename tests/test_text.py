@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from summarize.text import count_words, sentence_spans, split_clauses, split_sentences, trim_to_words
+from summarize.inputs.words import count_words, sentence_spans, split_clauses, split_sentences, trim_to_words
 
 # --- count_words -----------------------------------------------------------------------------
 

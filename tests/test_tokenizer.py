@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken
 
-from summarize.engine.tokenizer import (
+from summarize.engine.tokenizers.tokenizer import (
     IncrementalDetokenizer,
     Tokenizer,
     chat_prefix_ids,

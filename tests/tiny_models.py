@@ -195,7 +195,7 @@ def hf_layout(checkpoint: Path, folder: Path) -> Path:
     """The same weights as flash-linear-attention lays them out (config.json + safetensors)."""
     from safetensors.torch import save_file
 
-    from summarize.engine.rwkv7 import hf_name
+    from summarize.engine.models.rwkv7 import hf_name
 
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {}

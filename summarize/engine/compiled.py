@@ -33,7 +33,8 @@ from torch import Tensor
 
 from summarize.engine.model import Steps
 from summarize.engine.ops.linear import INT4_KERNEL_MAX_ROWS
-from summarize.user_cache import user_cache_folder
+from summarize.errors import first_line
+from summarize.files import user_cache_folder
 
 ENV = "SUMMARIZE_COMPILE"  # "0": never compile, "1": always (where the device allows)
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # where inductor keeps the kernels it built
@@ -173,8 +174,8 @@ def _rows(rows: int) -> str:
 
 
 def _say_eager(error: Exception) -> None:
-    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    print(f"summarize: running without torch.compile ({first_line[:200]})", file=sys.stderr)
+    why = first_line(error)
+    print(f"summarize: running without torch.compile ({why[:200]})", file=sys.stderr)
 
 
 def wanted(model, device: torch.device, weight_bytes: int) -> bool:

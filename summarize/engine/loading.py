@@ -20,14 +20,9 @@ from pathlib import Path
 import torch
 
 from summarize.engine.compiled import compile_steps, wanted
-from summarize.engine.family import Family
-from summarize.engine.gguf_file import SUFFIX as GGUF_SUFFIX
-from summarize.engine.gguf_file import GGUFFile
-from summarize.engine.gguf_source import gguf_file_for
-from summarize.engine.gguf_tokenizer import load_gguf_tokenizer
 from summarize.engine.memory import bound_kernel_caches, release_free_memory
-from summarize.engine.ops.linear import QUANTIZATIONS
-from summarize.engine.registry import (
+from summarize.engine.models.family import Family
+from summarize.engine.models.registry import (
     FAMILIES,
     families_for_file,
     family_for_checkpoint,
@@ -37,7 +32,12 @@ from summarize.engine.registry import (
     supported_gguf_archs,
     supported_model_types,
 )
-from summarize.engine.safetensors_file import HEADER_LENGTH_BYTES, MAX_HEADER_BYTES, SAFETENSORS_DTYPES, bytes_of
+from summarize.engine.ops.linear import QUANTIZATIONS
+from summarize.engine.tokenizers.gguf import load_gguf_tokenizer
+from summarize.engine.weights.gguf_file import SUFFIX as GGUF_SUFFIX
+from summarize.engine.weights.gguf_file import GGUFFile
+from summarize.engine.weights.gguf_source import gguf_file_for
+from summarize.engine.weights.safetensors_file import HEADER_LENGTH_BYTES, MAX_HEADER_BYTES, SAFETENSORS_DTYPES, bytes_of
 from summarize.errors import ModelNotAvailable, SummarizeError
 
 QUANTIZE_MODES = (None, *QUANTIZATIONS)

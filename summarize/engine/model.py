@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from summarize.engine.diagnostics import LayerStats, Listener, Phase, merge_block_stats, report_span
-from summarize.engine.mtp_drafts import read_span
+from summarize.engine.generation.mtp_drafts import read_span
 from summarize.engine.state import State
 
 

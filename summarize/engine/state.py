@@ -28,7 +28,7 @@ from typing import NamedTuple
 import torch
 from safetensors import safe_open
 
-from summarize.engine import safetensors_file
+from summarize.engine.weights import safetensors_file
 from summarize.errors import SummarizeError
 
 KV_GROWTH_TOKENS = 256  # a KV cache grows by at least this many positions at a time

@@ -10,6 +10,8 @@ from typing import Callable
 
 import torch
 
+from summarize.errors import first_line
+
 _failure: list[str] = []  # the first failure, once there was one
 
 
@@ -30,6 +32,6 @@ def turned_off() -> bool:
 def turn_off(error: Exception) -> None:
     """Stop using fla's kernels in this process, and say why once on stderr."""
     if not _failure:
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        _failure.append(first_line)
-        print(f"summarize: running without flash-linear-attention's kernels ({first_line[:200]})", file=sys.stderr)
+        why = first_line(error)
+        _failure.append(why)
+        print(f"summarize: running without flash-linear-attention's kernels ({why[:200]})", file=sys.stderr)

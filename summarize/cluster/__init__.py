@@ -1,0 +1,1 @@
+"""A run on a Ray cluster: its address, the worker pool, one worker, and the progress line."""

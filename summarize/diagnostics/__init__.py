@@ -1,0 +1,1 @@
+"""The diagnostics file (JSON lines) and the heatmap plot drawn from it."""

@@ -1,0 +1,1 @@
+"""Generation: plain and speculative decoding, and where drafts come from."""

@@ -1,0 +1,464 @@
+"""Token generation: sampling and the decode loop.
+
+The model is anything with
+    prefill(input_ids: LongTensor [B, T], state) -> FloatTensor [B, V]   (last position's logits)
+    decode(token_ids: LongTensor [B], state)     -> FloatTensor [B, V]   (one step)
+both advancing `state` in place. Decoding is memory-bound, so the loop keeps per-token work
+small: sampling is a handful of tensor ops (one top-k, softmax or argmax over the vocabulary), the
+sampled ids stay on the device for the next step, and on CUDA the copy of the ids to the host
+overlaps with the next decode step instead of waiting for it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from summarize.engine.generation.drafts import DraftCosts, DraftPlanner, PromptLookup
+from summarize.engine.generation.mtp_drafts import MTPDrafts
+from summarize.engine.tokenizers.tokenizer import IncrementalDetokenizer, Tokenizer
+
+# Candidates taken first when looking for the top-p nucleus on the CPU; most nuclei are smaller.
+NUCLEUS_FIRST_K = 256
+
+
+@dataclass
+class SamplingParams:
+    """`temperature` 0 means greedy (argmax); `top_k` 0 and `top_p` 1.0 switch those filters off.
+
+    `presence_penalty` is subtracted from the logits of every token already generated in the
+    sequence (additive, once per distinct token), before temperature and filtering.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class Generation:
+    """Generated tokens (a stop token is not included) and their text."""
+
+    token_ids: list[int]
+    text: str
+    stop_reason: str  # "stop": a stop token came; "length": max_new_tokens reached
+    draft_tokens: int = 0  # tokens drafted for verification (speculative decoding)
+    accepted_tokens: int = 0  # of which the model's own choices agreed with
+
+
+def greedy_token(logits: Tensor) -> Tensor:
+    """The id of each row's largest logit [B, V] → [B], the first one on a tie, as argmax picks.
+
+    `max` rather than `argmax`: on a CPU it is several times faster over bf16 logits.
+    """
+    return logits.max(dim=-1).indices
+
+
+class _Sampler:
+    """Picks the next token of each row from logits [B, V]; all work stays on the device."""
+
+    def __init__(self, params: SamplingParams, batch: int, vocab: int,
+                 device: torch.device, banned: Collection[int] = ()) -> None:
+        self.params = params
+        self.greedy = params.temperature == 0.0
+        # ids never picked (an RWKV World model's end-of-text): their logits count as -inf
+        self.banned = torch.tensor(sorted(banned), dtype=torch.long, device=device) if banned else None
+        self.generator = None
+        if params.seed is not None and not self.greedy:
+            self.generator = torch.Generator(device=device)
+            self.generator.manual_seed(params.seed)
+        # penalty[b, v] = presence_penalty once token v has been generated in row b.
+        self.penalty = (torch.zeros(batch, vocab, device=device)
+                        if params.presence_penalty != 0.0 else None)
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        """logits [B, V] (any float dtype) → token ids [B] (int64, same device)."""
+        token = self._pick(logits)
+        if self.penalty is not None:
+            self.penalty.scatter_(1, token[:, None], self.params.presence_penalty)
+        return token
+
+    def verify(self, logits: Tensor, drafts: Tensor, drafted: Tensor) -> tuple[Tensor, Tensor]:
+        """The model's own choices at every position of a verified span, and how many drafts each
+        row keeps.
+
+        logits [B, T, V] of the span [last token, drafts]; drafts [B, T-1], of which row b
+        proposed the first drafted[b]. Position i is sampled as plain decoding would, from
+        the logits after the drafts before it; a draft is kept while it equals that choice, so
+        the kept tokens and the choice after them are exactly what plain decoding gives, greedy,
+        and are distributed as it, sampled (docs/design.md §8).
+
+        Returns chosen [B, T] and kept [B] (0 <= kept[b] <= drafted[b]); row b's next tokens are
+        drafts[b, :kept[b]], then chosen[b, kept[b]].
+        """
+        B, T, _ = logits.shape
+        chosen = torch.zeros(B, T, dtype=torch.long, device=logits.device)
+        kept = torch.zeros(B, dtype=torch.long, device=logits.device)
+        open_ = torch.ones(B, dtype=torch.bool, device=logits.device)  # rows whose drafts all agreed so far
+        for i in range(T):
+            token = self._pick(logits[:, i])
+            if self.penalty is not None:  # only the rows that will emit this token see it
+                seen = self.penalty.gather(1, token[:, None])
+                self.penalty.scatter_(1, token[:, None], torch.where(open_[:, None], self.params.presence_penalty, seen))
+            chosen[:, i] = token
+            if i == T - 1:
+                break
+            open_ &= (drafted > i) & (drafts[:, i] == token)
+            kept += open_
+            if not bool(open_.any()):
+                break
+        return chosen, kept
+
+    def _pick(self, logits: Tensor) -> Tensor:
+        if self.banned is not None:
+            logits = logits.index_fill(-1, self.banned, float("-inf"))
+        if self.penalty is not None:
+            logits = logits.float() - self.penalty
+        if self.greedy:
+            return greedy_token(logits)
+        return self._sample(logits.float())
+
+    def _sample(self, scores: Tensor) -> Tensor:
+        """logits [B, V] fp32 (penalised) → token ids [B]."""
+        p = self.params
+        candidates = None  # vocabulary ids of the columns of `probs`, when filtered
+        if p.top_k > 0:
+            # Scaling keeps the order, so the temperature applies to the k survivors only. As in
+            # HF and vLLM, top-p then works on the renormalised top-k distribution.
+            scores, candidates = torch.topk(scores, min(p.top_k, scores.shape[-1]), dim=-1)
+            probs = torch.softmax(self._scaled(scores), dim=-1)
+        else:
+            probs = torch.softmax(self._scaled(scores), dim=-1)
+            if p.top_p < 1.0:
+                probs, candidates = _descending_head(probs, p.top_p)
+        if p.top_p < 1.0:
+            # Keep the smallest prefix of the sorted candidates whose mass reaches top_p.
+            before = torch.cumsum(probs, dim=-1) - probs
+            probs = probs.masked_fill(before >= p.top_p, 0.0)
+        choice = self._draw(probs)
+        if candidates is not None:
+            choice = candidates.gather(-1, choice[:, None])[:, 0]
+        return choice
+
+    def _scaled(self, scores: Tensor) -> Tensor:
+        t = self.params.temperature
+        return scores if t == 1.0 else scores / t
+
+    def _draw(self, weights: Tensor) -> Tensor:
+        """One index per row of weights [B, N] (≥ 0, rows need not sum to 1), by inverse CDF.
+
+        Cheaper on CPU than the exponential-race trick (one uniform per row instead of N
+        exponentials), and like it free of host syncs. fp64 keeps tiny tail weights exact.
+        """
+        dtype = torch.float32 if weights.device.type == "mps" else torch.float64  # MPS: no fp64
+        cdf = torch.cumsum(weights, dim=-1, dtype=dtype)
+        u = torch.rand(cdf.shape[0], 1, generator=self.generator, device=cdf.device,
+                       dtype=dtype) * cdf[:, -1:]
+        index = torch.searchsorted(cdf, u, right=True)
+        return index.clamp_(max=cdf.shape[-1] - 1)[:, 0]
+
+
+def _descending_head(probs: Tensor, top_p: float) -> tuple[Tensor, Tensor]:
+    """The largest probabilities of each row of probs [B, V], sorted descending, with their ids:
+    at least enough of them to reach a mass of top_p.
+
+    A full sort of the vocabulary is cheap on an accelerator but costs tens of milliseconds on
+    the CPU, where a top-k that grows until it covers top_p is exact and much faster (the
+    check is a host sync, which the CPU does not mind).
+    """
+    vocab = probs.shape[-1]
+    if probs.device.type != "cpu":
+        return torch.sort(probs, dim=-1, descending=True)
+    k = min(NUCLEUS_FIRST_K, vocab)
+    while True:
+        head, ids = torch.topk(probs, k, dim=-1)
+        if k == vocab or bool((head.sum(dim=-1) >= top_p).all()):
+            return head, ids
+        k = min(k * 8, vocab)
+
+
+class _HostCopy:
+    """Brings sampled ids [B] to the host; on CUDA asynchronously, so the caller can queue the
+    next decode step before waiting for them."""
+
+    def __init__(self, batch: int, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.buffer = torch.empty(batch, dtype=torch.long, pin_memory=True)
+            self.event = torch.cuda.Event()
+
+    def start(self, token: Tensor) -> None:
+        self.token = token
+        if self.cuda:
+            self.buffer.copy_(token, non_blocking=True)
+            self.event.record()
+
+    def wait(self) -> list[int]:
+        if self.cuda:
+            self.event.synchronize()
+            return self.buffer.tolist()
+        return self.token.tolist()
+
+
+def _model_device(model) -> torch.device:
+    device = getattr(model, "device", None)
+    if device is not None:
+        return torch.device(device)
+    if isinstance(model, torch.nn.Module):
+        for param in model.parameters():
+            return param.device
+    return torch.device("cpu")
+
+
+def generate_batch(
+    model,
+    prompts: Sequence[Sequence[int]] | Tensor | None,
+    state,
+    *,
+    tokenizer: Tokenizer,
+    stop_ids: Collection[int],
+    max_new_tokens: int,
+    sampling: SamplingParams | None = None,
+    on_text: Callable[[int, str], None] | None = None,
+    first_logits: Tensor | None = None,
+    overlap: bool | None = None,
+    stop_texts: Collection[str] = (),
+    speculate: int = 0,
+    contexts: Sequence[Sequence[int]] | None = None,
+    drafters: Sequence | None = None,
+    draft_costs: DraftCosts | None = None,
+    banned_ids: Collection[int] = (),
+    mtp: bool = False,
+) -> list[Generation]:
+    """Generate for a batch of B sequences that share one batched `state`.
+
+    Either `prompts` (B prompts of equal length, prefilled here) or `first_logits` [B, V] (the
+    caller has already prefilled `state`; `prompts` may then be None) starts the loop. Rows that
+    stop early keep being stepped with their last sampled token, and what they produce is
+    ignored, so at the end `state` rows hold no meaningful continuation. `on_text(row, text)`
+    receives each row's text as it completes. A row also stops as soon as its text contains one
+    of `stop_texts` (e.g. a chat model opening the next round); its text is cut there. `overlap` (default: on CUDA) queues the next
+    decode step before reading the sampled ids, which may cost one extra step at a stop.
+    `banned_ids` are never sampled (the tokenizer's `banned_ids`: an RWKV World model's end-of-text).
+
+    `speculate` > 0 drafts up to that many tokens per step by prompt lookup in each row's
+    `contexts[row]` (default: the prompt) and what it generated, and verifies them in one pass
+    (`model.verify` / `model.accept`): the same tokens as without, greedy, and the same
+    distribution, sampled (docs/design.md §8). `drafters` replaces the lookup: one object per row
+    with `append(token)` and `propose(n) -> list[int]`, as `drafts.PromptLookup`. `mtp` drafts
+    from the checkpoint's multi-token-prediction head instead (`mtp_drafts.MTPDrafts`, read for
+    the tokens of `contexts` when given). `draft_costs` carries what verifying was measured to cost
+    from one generation to the next.
+    """
+    sampling = sampling or SamplingParams()
+    if first_logits is None:
+        if prompts is None:
+            raise ValueError("give prompts or first_logits")
+        try:
+            input_ids = torch.as_tensor(prompts, dtype=torch.long)
+        except ValueError as e:  # ragged: a recurrent state cannot be padded
+            raise ValueError("prompts of different lengths: prefill them yourself and pass "
+                             "first_logits") from e
+        if input_ids.ndim != 2 or input_ids.numel() == 0:
+            raise ValueError("prompts must be a non-empty batch of non-empty prompts")
+        first_logits = model.prefill(input_ids.to(_model_device(model)), state)
+        if contexts is None:
+            contexts = input_ids.tolist()
+    batch, vocab = first_logits.shape
+    rows = _Rows(batch, tokenizer, frozenset(stop_ids), max_new_tokens, on_text, stop_texts)
+    sample = _Sampler(sampling, batch, vocab, first_logits.device, banned_ids)
+    token = sample(first_logits) if rows.running else None
+    if speculate > 0 and rows.running:
+        if mtp:
+            if getattr(model, "mtp", None) is None:
+                raise ValueError("this checkpoint has no multi-token-prediction head (mtp.*) to draft from")
+            drafters = MTPDrafts(model, state, (t for context in contexts for t in context) if contexts is not None else None)
+        elif drafters is None:
+            drafters = [PromptLookup(contexts[row] if contexts is not None else ()) for row in range(batch)]
+        if isinstance(drafters, MTPDrafts):
+            drafters.start(token)
+        _speculative_loop(model, state, sample, rows, token, speculate, drafters, draft_costs)
+    elif rows.running:
+        _plain_loop(model, state, sample, rows, token, first_logits.device.type == "cuda" if overlap is None else overlap)
+    return rows.results()
+
+
+class _Rows:
+    """The rows' generated tokens: which still run, why each stopped, their text as it completes."""
+
+    def __init__(self, batch: int, tokenizer: Tokenizer, stop_ids: frozenset[int], max_new_tokens: int,
+                 on_text: Callable[[int, str], None] | None, stop_texts: Collection[str]) -> None:
+        self.tokenizer, self.stop_ids, self.max_new_tokens = tokenizer, stop_ids, max_new_tokens
+        self.on_text, self.stop_texts = on_text, stop_texts
+        self.token_ids: list[list[int]] = [[] for _ in range(batch)]
+        self.reasons = ["length"] * batch
+        self.running = set(range(batch)) if max_new_tokens > 0 else set()
+        self.detok = [IncrementalDetokenizer(tokenizer) for _ in range(batch)] if on_text or stop_texts else None
+        self.tails = [""] * batch  # the end of each row's text, long enough to hold any stop text
+        self.tail_chars = max((len(t) for t in stop_texts), default=0)
+        self.drafted = [0] * batch
+        self.accepted = [0] * batch
+
+    def take(self, row: int, tid: int) -> bool:
+        """Row `row` produced `tid`: keep it unless it stops the row. Whether the row runs on."""
+        if row not in self.running:
+            return False
+        if tid in self.stop_ids:
+            return self._stop(row, "stop")
+        self.token_ids[row].append(tid)
+        if self.detok is not None:
+            piece = self.detok[row].push(tid)
+            if piece and self.stop_texts:
+                self.tails[row] = (self.tails[row] + piece)[-(self.tail_chars + len(piece)):]
+                if any(stop in self.tails[row] for stop in self.stop_texts):
+                    return self._stop(row, "stop")
+            if piece and self.on_text:
+                self.on_text(row, piece)
+        if len(self.token_ids[row]) >= self.max_new_tokens:
+            return self._stop(row, "length")
+        return True
+
+    def _stop(self, row: int, reason: str) -> bool:
+        self.reasons[row] = reason
+        self.running.discard(row)
+        return False
+
+    def results(self) -> list[Generation]:
+        results = []
+        for row, ids in enumerate(self.token_ids):
+            text = self.tokenizer.decode(ids)
+            for stop in self.stop_texts:
+                text = text.split(stop, 1)[0]
+            if self.on_text is not None:
+                piece = self.detok[row].flush()
+                if piece:
+                    self.on_text(row, piece)
+            results.append(Generation(ids, text, self.reasons[row], self.drafted[row], self.accepted[row]))
+        return results
+
+
+def _plain_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor, overlap: bool) -> None:
+    """One decode step per token."""
+    host = _HostCopy(token.shape[0], token.device)
+    while True:
+        host.start(token)
+        last = all(len(rows.token_ids[row]) + 1 >= rows.max_new_tokens for row in rows.running)
+        if overlap and not last:
+            logits = model.decode(token, state)
+        for row, tid in enumerate(host.wait()):
+            rows.take(row, tid)
+        if not rows.running:
+            return
+        if not overlap or last:
+            logits = model.decode(token, state)
+        token = sample(logits)
+
+
+def _speculative_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor, most: int, drafters,
+                      costs: DraftCosts | None) -> None:
+    """Each step: every running row looks up a draft of up to `most` tokens, the planner picks how
+    many to verify; one `verify` pass reads the last token and the drafts, each row keeps the drafts
+    its own samples agree with, and `accept` lands the state there. With nothing worth verifying, a
+    plain decode step. Every step's wall time teaches the planner what verifying costs.
+    `drafters`: one per row (`PromptLookup`), or one `MTPDrafts` for the batch."""
+    batch = token.shape[0]
+    batched = isinstance(drafters, MTPDrafts)
+    planner = DraftPlanner(most, batch, costs)
+    timing = None  # (width of the step being timed, its start)
+    while True:
+        ids = token.tolist()  # waits for the step: its time ends here
+        if timing is not None:
+            width, started = timing
+            seconds = time.perf_counter() - started
+            if width:
+                planner.costs.learn_verify(batch, width, seconds)
+            else:
+                planner.costs.learn_step(batch, seconds)
+        for row, tid in enumerate(ids):
+            if rows.take(row, tid) and not batched:
+                drafters[row].append(tid)
+        if not rows.running:
+            return
+        if batched:  # the head drafts only what the planner will verify, and its time is the pass's
+            started = time.perf_counter()
+            width = planner.width([most if row in rows.running else 0 for row in range(batch)], len(rows.running))
+            candidates = [d if row in rows.running else [] for row, d in enumerate(drafters.propose(width))]
+            width = max(map(len, candidates), default=0)  # nothing before the head has read a position
+        else:
+            candidates = [drafters[row].propose(most) if row in rows.running else [] for row in range(batch)]
+            width = planner.width([len(c) for c in candidates], len(rows.running))
+            started = time.perf_counter()
+        timing = (width, started)
+        if width == 0:
+            token = sample(model.decode(token, state))
+            if batched:
+                drafters.landed(state.last_hidden, token[:, None], torch.ones_like(token))
+            continue
+        drafts = [c[:width] for c in candidates]
+        span = torch.tensor([[ids[row], *d, *[0] * (width - len(d))] for row, d in enumerate(drafts)], device=token.device)
+        logits = model.verify(span, state)  # [B, width + 1, V]
+        drafted = [len(d) for d in drafts]
+        chosen, kept = sample.verify(logits, span[:, 1:], torch.tensor(drafted, device=token.device))
+        model.accept(state, kept + 1, drafted)
+        for row, n in enumerate(kept.tolist()):
+            planner.learn_row(row, drafted[row], n)
+            rows.drafted[row] += drafted[row]
+            rows.accepted[row] += n
+            for tid in drafts[row][:n]:
+                if rows.take(row, tid) and not batched:
+                    drafters[row].append(tid)
+        token = chosen.gather(1, kept[:, None])[:, 0]
+        if batched:  # each kept position was followed by the next drafted token, the last by `token`
+            following = torch.cat([span[:, 1:], span[:, :1]], dim=1).scatter(1, kept[:, None], token[:, None])
+            drafters.landed(state.last_hidden, following, kept + 1)
+
+
+def generate(
+    model,
+    prompt_ids: Sequence[int] | Tensor | None,
+    state,
+    *,
+    tokenizer: Tokenizer,
+    stop_ids: Collection[int],
+    max_new_tokens: int,
+    sampling: SamplingParams | None = None,
+    on_text: Callable[[str], None] | None = None,
+    first_logits: Tensor | None = None,
+    overlap: bool | None = None,
+    stop_texts: Collection[str] = (),
+    speculate: int = 0,
+    context: Sequence[int] | None = None,
+    banned_ids: Collection[int] = (),
+) -> Generation:
+    """Generate one sequence (batch 1); see `generate_batch`.
+
+    `prompt_ids` ([T] or [1, T]) is prefilled into `state` unless `first_logits` ([V] or [1, V])
+    is given, in which case the prompt is already in `state`. `context`: what drafts are looked up
+    in (default: the prompt).
+    """
+    prompts = None
+    if first_logits is None:
+        if prompt_ids is None:
+            raise ValueError("give prompt_ids or first_logits")
+        prompts = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(1, -1)
+    else:
+        first_logits = first_logits.reshape(1, -1)
+    callback = (lambda _row, text: on_text(text)) if on_text is not None else None
+    return generate_batch(model, prompts, state, tokenizer=tokenizer, stop_ids=stop_ids,
+                          max_new_tokens=max_new_tokens, sampling=sampling, on_text=callback,
+                          first_logits=first_logits, overlap=overlap, stop_texts=stop_texts,
+                          speculate=speculate, contexts=None if context is None else [context], banned_ids=banned_ids)[0]

@@ -1,0 +1,1 @@
+"""Weight files: safetensors, GGUF (container, quants, sources, checkpoints)."""

@@ -1,0 +1,122 @@
+"""Where summaries land: stdout (one alone, several under `==> name <==` headers like `tail`, or one
+JSON line per input, failed and skipped ones included), or files written atomically.
+
+A Markdown output's first line is an HTML comment (Markdown does not show it) holding the fingerprint
+of the settings the run asked for, then the method that wrote the summary: `<!-- summarize
+3f2a9c1b7d4e extractive -->`. An output is up to date, and skipped, when it is newer than its input
+and its fingerprint is this run's, whichever method wrote it: an extractive fallback is not redone
+on every re-run (`--force` redoes it). Headers from before the method was recorded (`<!-- summarize
+3f2a9c1b7d4e -->`) held the fingerprint of the settings of the method that wrote them, which is the
+asked-for one unless the model fell back; they are read by the same rule.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import TextIO
+
+from summarize.files import write_atomic
+from summarize.records import Job, Result, Summary
+from summarize.settings import Settings
+from summarize.ui.escape import printable
+
+HEADER = "<!-- summarize {fingerprint} {method} -->"
+_HEADER_LINE = re.compile(r"<!-- summarize (?P<fingerprint>[0-9a-f]+)(?: (?P<method>\S+))? -->")
+UP_TO_DATE = "up to date"  # a skipped input's JSON record says why with this
+
+# json.dumps(ensure_ascii=False) escapes C0 controls only; DEL and C1 controls would reach a
+# terminal raw, and a lone surrogate (an undecodable file name) could not be encoded at all.
+_RAW_IN_JSON = re.compile("[\x7f-\x9f\ud800-\udfff]")
+
+
+# --- stdout --------------------------------------------------------------------------------
+
+
+def print_summary(out: TextIO, job: Job, result: Result, *, header: bool, first: bool) -> None:
+    """`result`'s summary text on `out`, under a `==> name <==` header when `header`."""
+    summary = result.summary
+    assert summary is not None
+    if header:
+        out.write(("" if first else "\n") + f"==> {printable(job.label)} <==\n")
+    out.write(summary.text.rstrip("\n") + "\n")
+    out.flush()
+
+
+def print_record(out: TextIO, job: Job, result: Result) -> None:
+    """`result` as one JSON line on `out`, whatever became of the input."""
+    line = json.dumps(_record(job, result), ensure_ascii=False)
+    out.write(_RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", line) + "\n")
+    out.flush()
+
+
+def _record(job: Job, result: Result) -> dict:
+    """Every record has `input` and `ok`; then `summary`, `words`, `method`, `seconds`, the
+    method's extras and `output` for a summary; `skipped` and `output` for an up-to-date output;
+    `error` for a failure."""
+    record: dict = {"input": job.input}
+    if result.status == "failed":
+        return record | {"error": result.reason, "ok": False}
+    if result.status == "skipped":
+        return record | {"skipped": UP_TO_DATE, "output": str(result.output), "ok": True}
+    summary = result.summary
+    assert summary is not None
+    record |= {
+        "summary": summary.text,
+        "words": summary.words,
+        "method": summary.method,
+        "seconds": round(result.seconds or 0.0, 3),
+    }
+    if job.output is not None:
+        record["output"] = str(job.output)
+    for key, value in summary.extra.items():
+        record.setdefault(key, value)
+    record.setdefault("ok", True)
+    return record
+
+
+# --- output files --------------------------------------------------------------------------
+
+
+def write_summary(output: Path, summary: Summary, settings: Settings) -> None:
+    """Write `summary` to `output` atomically, under its fingerprint header where it has one."""
+    write_atomic(output, _file_text(summary, settings, output))
+
+
+def _file_text(summary: Summary, settings: Settings, output: Path) -> str:
+    body = summary.text.rstrip("\n") + "\n"
+    if not _carries_header(output):
+        return body
+    # The asked-for settings' fingerprint, so that a re-run finds a fallback up to date too; the
+    # method beside it tells a reader which kind of summary this is.
+    return HEADER.format(fingerprint=settings.fingerprint(), method=summary.method) + "\n" + body
+
+
+def _carries_header(output: Path) -> bool:
+    """Only Markdown hides the fingerprint comment; a `.txt` output stays the bare summary."""
+    return output.suffix.lower() in (".md", ".markdown")
+
+
+def is_up_to_date(job: Job, fingerprint: str) -> bool:
+    """Whether `job.output` is newer than its input and was written for settings with `fingerprint`
+    (by whichever method)."""
+    if job.is_stdin or job.output is None or not _carries_header(job.output):
+        return False
+    try:
+        if job.output.stat().st_mtime_ns < Path(job.input).stat().st_mtime_ns:
+            return False
+        with job.output.open(encoding="utf-8", errors="replace") as f:
+            first_line = f.readline().rstrip("\n")
+    except OSError:
+        return False
+    header = _HEADER_LINE.fullmatch(first_line)
+    return header is not None and header["fingerprint"] == fingerprint
+
+
+
+
+
+
+
+
