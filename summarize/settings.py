@@ -23,8 +23,8 @@ STDIN = "-"  # the input name that reads standard input
 STDIN_LABEL = "<stdin>"  # how messages name it
 
 # The chunking the model summarizer uses when not told (its own constants must agree: tested).
-# Below 64 tokens a chunk holds a sentence or two, and every chunk's notes cost a decode: minutes
-# for a page (`--chunk-tokens 1` took 110 s for 400 bytes). Above 32K one chunk's prefill
+# Below 64 tokens a chunk holds a sentence or two, and every chunk's notes cost a decode, so a page
+# would take minutes. Above 32K one chunk's prefill
 # (activations, attention cache) outgrows a small machine's memory.
 # Speculative decoding: the most tokens drafted (by prompt lookup) and verified per step; 0 is off.
 # Its figures: bench/README.md (bench_speculative.py).

@@ -119,7 +119,7 @@ def chunk_text(
 # BLOCKS_PER_PIECE characters each (so at least that many blocks to a piece, even at one token a
 # character), and its pieces are packed from the blocks: the counter reads each character about
 # once. (Searching for the furthest cut that fits recounted the whole rest of the sentence ~40
-# times a piece: quadratic, 31 s for 400 KB without a sentence end.)
+# times a piece: quadratic in the sentence's length.)
 BLOCKS_PER_PIECE = 16
 # A sentence longer than chunk_size times this many characters cannot fit whatever the counter
 # (no tokenizer has tokens that long on average): it is split without counting it whole first.

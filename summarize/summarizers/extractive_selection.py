@@ -228,7 +228,7 @@ def _lexrank(vectors: list[dict[str, float]]) -> list[float]:
     if n == 0:
         return []
     # Matrix-vector products this small gain nothing from threads, and OpenMP workers waiting
-    # on a busy machine made them up to 50x slower: run single-threaded, then restore.
+    # on a busy machine made them many times slower: run single-threaded, then restore.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -1,7 +1,7 @@
 """How many chunks' notes map-reduce decodes together: as many as a fixed memory budget holds.
 
 Decoding one token reads every weight whatever the batch, so rows decoded together come almost
-free: on the 0.8B shape 8 rows decode 5.4–5.9× the tokens/s of one. Each row holds its own state
+free (docs/performance.md has the figures). Each row holds its own state
 (recurrent matrices, plus the attention layers' keys for the instruction, the chunk and the notes).
 The budget bounds the states of one batch, and it does not depend on the document's length: a
 long document runs more batches, not bigger ones, so its peak memory is a short one's.

@@ -29,7 +29,7 @@ class Reporter(Protocol):
 
     @property
     def shows_live_state(self) -> bool:
-        """Whether `span` is worth calling: per-token reports cost ~10% of a decode step."""
+        """Whether `span` is worth calling: per-token reports cost a share of each decode step."""
         ...
 
     def phase(self, progress: ModelProgress) -> None: ...

@@ -7,7 +7,7 @@ ggml's order, innermost first, GGML type, offset), then the tensor data from the
 
 The header is parsed here in plain Python over a memory map of the file. gguf-py's GGUFReader
 turns every metadata string into numpy objects, and a Qwen3.5 file holds 750K of them (vocabulary
-and merges): it took 15 s and 1.2 GB to open one. Here string arrays are only walked when the file
+and merges), which makes opening one slow and large (docs/performance.md). Here string arrays are only walked when the file
 is opened, and decoded when the tokenizer asks for them. No numpy.
 
 Tensors are read with plain file reads a bounded run of rows at a time (not through the map, whose
