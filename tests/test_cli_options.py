@@ -84,7 +84,7 @@ def test_a_batch_memory_that_is_not_a_size_is_a_usage_error(source: Path, size: 
 
 def test_the_batch_memory_reaches_the_settings(monkeypatch, source: Path):
     seen = []
-    monkeypatch.setattr(cli.batch, "run", lambda plan, settings, **kwargs: seen.append(settings.batch_memory) or [])
+    monkeypatch.setattr(cli.local, "run", lambda plan, settings, **kwargs: seen.append(settings.batch_memory) or [])
     monkeypatch.setenv("SUMMARIZE_BATCH_MEMORY", "256M")
     invoke(str(source), "--extractive")
     invoke(str(source), "--extractive", "--batch-memory", "2G")
