@@ -33,7 +33,7 @@ from pathlib import Path
 
 from summarize.errors import SummarizeError
 
-VOCAB_FILE = Path(__file__).resolve().parents[1] / "data" / "rwkv_vocab_v20230424.txt"
+VOCAB_FILE = Path(__file__).resolve().parents[2] / "data" / "rwkv_vocab_v20230424.txt"
 VOCAB_GLOB = "rwkv_vocab_v*.txt"  # a vocabulary shipped in a model's folder
 END_OF_TEXT = 0  # the id that ends a document; it has no bytes
 _BLANK_LINES = re.compile(r"\n\s*\n")
