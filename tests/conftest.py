@@ -130,3 +130,18 @@ def read_cache_dir(monkeypatch, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("read-cache")
     monkeypatch.setenv("SUMMARIZE_CACHE_DIR", str(folder))
     return folder
+
+
+@pytest.fixture
+def run_cli():
+    """Return run(*args, input=None, env=None) -> click's Result: the typer app run in this
+    process on `args`, with `input` as stdin and `env` added to the environment; stdout and stderr
+    apart (result.stdout, result.stderr; result.output has both), exceptions caught (result.exception)."""
+    from typer.testing import CliRunner
+
+    from summarize import cli
+
+    def run(*args: str, input: str | bytes | None = None, env: dict | None = None):
+        return CliRunner().invoke(cli.app, list(args), input=input, env=env)
+
+    return run

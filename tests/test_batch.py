@@ -9,9 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from summarize import cli, files
+from summarize import files
 from summarize.files import write_atomic
 from summarize.inputs.words import count_words
 from summarize.records import Job
@@ -70,10 +69,6 @@ class RecordingUI:
 
     def of(self, kind):
         return [e[1:] for e in self.events if e[0] == kind]
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(cli.app, list(args))
 
 
 def documents(root: Path, truncated_pdf: Path) -> Path:
@@ -173,9 +168,9 @@ def test_output_file_for_several_inputs(tmp_path: Path):
 # --- running -------------------------------------------------------------------------------
 
 
-def test_folder_to_output_dir_end_to_end(docs: Path, tmp_path: Path):
+def test_folder_to_output_dir_end_to_end(docs: Path, tmp_path: Path, run_cli):
     out = tmp_path / "out"
-    result = invoke(str(docs), "-o", str(out), "-n", "40", "--extractive")
+    result = run_cli(str(docs), "-o", str(out), "-n", "40", "--extractive")
     assert result.exit_code == 1
     assert result.stdout == ""
     written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
@@ -193,24 +188,24 @@ def test_folder_to_output_dir_end_to_end(docs: Path, tmp_path: Path):
     assert "Traceback" not in result.stderr
 
 
-def test_rerun_skips_force_and_new_settings_rewrite(docs: Path, tmp_path: Path):
+def test_rerun_skips_force_and_new_settings_rewrite(docs: Path, tmp_path: Path, run_cli):
     out = tmp_path / "out"
     (docs / "broken.pdf").unlink()
     target = out / "bees.summary.md"
-    assert invoke(str(docs), "-o", str(out), "-n", "40", "--extractive").exit_code == 0
+    assert run_cli(str(docs), "-o", str(out), "-n", "40", "--extractive").exit_code == 0
     first = target.stat().st_mtime_ns
 
-    again = invoke(str(docs), "-o", str(out), "-n", "40", "--extractive")
+    again = run_cli(str(docs), "-o", str(out), "-n", "40", "--extractive")
     assert again.exit_code == 0
     assert target.stat().st_mtime_ns == first
     assert again.stderr.count("skipped") == 2
 
-    forced = invoke(str(docs), "-o", str(out), "-n", "40", "--extractive", "--force")
+    forced = run_cli(str(docs), "-o", str(out), "-n", "40", "--extractive", "--force")
     assert forced.exit_code == 0 and "skipped" not in forced.stderr
     assert target.stat().st_mtime_ns > first
 
     header = target.read_text().splitlines()[0]
-    assert invoke(str(docs), "-o", str(out), "-n", "30", "--extractive").exit_code == 0
+    assert run_cli(str(docs), "-o", str(out), "-n", "30", "--extractive").exit_code == 0
     assert target.read_text().splitlines()[0] != header
     assert count_words(target.read_text().split("\n", 1)[1]) <= 30
 
@@ -258,8 +253,8 @@ def test_a_header_from_before_the_method_was_recorded_still_counts(tmp_path: Pat
     assert not output.is_up_to_date(job, Settings(words=41, extractive=True).fingerprint())
 
 
-def test_json_lines_for_a_folder(docs: Path):
-    result = invoke(str(docs), "--json", "-n", "40", "--extractive")
+def test_json_lines_for_a_folder(docs: Path, run_cli):
+    result = run_cli(str(docs), "--json", "-n", "40", "--extractive")
     assert result.exit_code == 1
     records = [json.loads(line) for line in result.stdout.splitlines()]
     # one record per input (the "one JSON object per input"): the broken PDF's is a failure
@@ -380,7 +375,7 @@ def test_write_atomic_interrupted_keeps_old_file(monkeypatch, tmp_path: Path, ex
     assert not temp_files(tmp_path)
 
 
-def test_interrupt_mid_batch_keeps_finished_outputs_only(monkeypatch, docs: Path, tmp_path: Path):
+def test_interrupt_mid_batch_keeps_finished_outputs_only(monkeypatch, docs: Path, tmp_path: Path, run_cli):
     (docs / "broken.pdf").unlink()
     real_fsync = os.fsync
     calls = []
@@ -393,7 +388,7 @@ def test_interrupt_mid_batch_keeps_finished_outputs_only(monkeypatch, docs: Path
 
     monkeypatch.setattr(files.os, "fsync", fsync_then_interrupt)
     out = tmp_path / "out"
-    result = invoke(str(docs), "-o", str(out), "--extractive")
+    result = run_cli(str(docs), "-o", str(out), "--extractive")
     assert result.exit_code == 130
     assert [p.name for p in out.rglob("*") if p.is_file()] == ["bees.summary.md"]
     assert not temp_files(out)

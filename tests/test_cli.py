@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from summarize import cli, files
+from summarize import files
 from summarize.inputs.extract import extract_text
 from summarize.inputs.words import count_words
 from summarize.run import local
@@ -38,10 +37,6 @@ the fish returned within a few years. Other projects reconnect floodplains so th
 spreads out slowly instead of rushing through towns. The results suggest that working with a
 river often costs less than fighting it.
 """
-
-
-def run_cli(*args: str, input: str | bytes | None = None, env: dict | None = None):
-    return CliRunner().invoke(cli.app, list(args), input=input, env=env)
 
 
 def run_subprocess(*args: str, input: str | bytes | None = None) -> subprocess.CompletedProcess:
@@ -77,7 +72,7 @@ def rivers_txt(tmp_path: Path) -> Path:
 # --- the happy paths ---------------------------------------------------------------------------
 
 
-def test_sample_pdf_prints_only_the_summary():
+def test_sample_pdf_prints_only_the_summary(run_cli):
     pdf = sample("*.pdf")
     result = run_cli(str(pdf), "-n", "120", "--extractive")
     assert result.exit_code == 0, result.stderr
@@ -109,7 +104,7 @@ def test_stdin_pipe():
     assert "==>" not in proc.stdout
 
 
-def test_stdin_json_is_one_object(rivers_txt: Path):
+def test_stdin_json_is_one_object(rivers_txt: Path, run_cli):
     result = run_cli("-", "-n", "80", "--json", "--extractive", input=rivers_txt.read_text())
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -131,7 +126,7 @@ def test_sample_txt_json_through_python_m():
     assert proc.stderr == ""
 
 
-def test_fallback_note_once_and_quiet_silences_it(tmp_path: Path, rivers_txt: Path):
+def test_fallback_note_once_and_quiet_silences_it(tmp_path: Path, rivers_txt: Path, run_cli):
     other = tmp_path / "other.md"
     other.write_text(RIVERS.replace("river", "stream"), encoding="utf-8")
     result = run_cli(str(rivers_txt), str(other), "-n", "60")
@@ -141,7 +136,7 @@ def test_fallback_note_once_and_quiet_silences_it(tmp_path: Path, rivers_txt: Pa
     assert run_cli(str(rivers_txt), "-n", "60", "-q").stderr == ""
 
 
-def test_several_inputs_have_tail_headers(tmp_path: Path, rivers_txt: Path):
+def test_several_inputs_have_tail_headers(tmp_path: Path, rivers_txt: Path, run_cli):
     other = tmp_path / "other.md"
     other.write_text(RIVERS.replace("river", "canal"), encoding="utf-8")
     result = run_cli(str(rivers_txt), str(other), "-n", "50", "--extractive")
@@ -154,7 +149,7 @@ def test_several_inputs_have_tail_headers(tmp_path: Path, rivers_txt: Path):
     assert "status" in result.stderr and str(other) in result.stderr
 
 
-def test_output_file_for_one_input(tmp_path: Path, rivers_txt: Path):
+def test_output_file_for_one_input(tmp_path: Path, rivers_txt: Path, run_cli):
     out = tmp_path / "summary.txt"
     result = run_cli(str(rivers_txt), "-n", "50", "-o", str(out), "--extractive")
     assert result.exit_code == 0
@@ -164,7 +159,7 @@ def test_output_file_for_one_input(tmp_path: Path, rivers_txt: Path):
     assert 0 < count_words(text) <= 50
 
 
-def test_encrypted_pdf_with_password(encrypted_pdf: Path, pdf_password: str):
+def test_encrypted_pdf_with_password(encrypted_pdf: Path, pdf_password: str, run_cli):
     result = run_cli(str(encrypted_pdf), "--password", pdf_password, "-n", "50", "--extractive")
     assert result.exit_code == 0, result.stderr
     assert 0 < count_words(result.stdout) <= 50
@@ -175,7 +170,7 @@ def test_encrypted_pdf_with_password(encrypted_pdf: Path, pdf_password: str):
     assert "password" in assert_one_error_line(wrong.stderr)
 
 
-def test_options_reach_the_settings(monkeypatch, rivers_txt: Path):
+def test_options_reach_the_settings(monkeypatch, rivers_txt: Path, run_cli):
     seen = {}
 
     def fake_run(plan, settings, **kwargs):
@@ -196,7 +191,7 @@ def test_options_reach_the_settings(monkeypatch, rivers_txt: Path):
     assert "pw" not in repr(s)
 
 
-def test_help():
+def test_help(run_cli):
     result = run_cli("--help")
     assert result.exit_code == 0
     for option in ("--words", "--model", "--output", "--strategy", "--json", "--password"):
@@ -235,7 +230,7 @@ def missing(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     "fixture", ["missing", "encrypted_pdf", "image_only_pdf", "truncated_pdf", "empty_txt",
                 "binary_txt", "binary_unknown"])
-def test_bad_input_fails_with_one_line(request, fixture: str):
+def test_bad_input_fails_with_one_line(request, fixture: str, run_cli):
     path: Path = request.getfixturevalue(fixture)
     result = run_cli(str(path), "-n", "50")
     assert result.exit_code == 1, result.output
@@ -265,20 +260,20 @@ def test_bad_input_through_python_m(request, fixture: str):
         ["--no-such-option"],
     ],
 )
-def test_usage_errors_exit_2(rivers_txt: Path, args: list[str]):
+def test_usage_errors_exit_2(rivers_txt: Path, args: list[str], run_cli):
     result = run_cli(str(rivers_txt), *args)
     assert result.exit_code == 2, result.output
     assert_one_error_line(result.stderr)
     assert result.stdout == ""
 
 
-def test_no_inputs_is_a_usage_error():
+def test_no_inputs_is_a_usage_error(run_cli):
     result = run_cli("-n", "10")
     assert result.exit_code == 2
     assert "INPUT" in assert_one_error_line(result.stderr)
 
 
-def test_output_file_with_several_inputs_is_a_usage_error(tmp_path: Path, rivers_txt: Path):
+def test_output_file_with_several_inputs_is_a_usage_error(tmp_path: Path, rivers_txt: Path, run_cli):
     out = tmp_path / "out.md"
     out.write_text("mine\n")
     result = run_cli(str(rivers_txt), str(rivers_txt.with_name("x.txt")), "-o", str(out))
@@ -293,7 +288,7 @@ def test_usage_error_through_python_m(rivers_txt: Path):
     assert_one_error_line(proc.stderr)
 
 
-def test_one_missing_among_good_inputs_exits_1(tmp_path: Path, rivers_txt: Path):
+def test_one_missing_among_good_inputs_exits_1(tmp_path: Path, rivers_txt: Path, run_cli):
     result = run_cli(str(rivers_txt), str(tmp_path / "gone.txt"), "-n", "40", "--extractive")
     assert result.exit_code == 1
     assert result.stdout.startswith(f"==> {rivers_txt} <==\n")
@@ -303,7 +298,7 @@ def test_one_missing_among_good_inputs_exits_1(tmp_path: Path, rivers_txt: Path)
     assert errors[0].startswith(f"error: {tmp_path / 'gone.txt'}: no such file")
 
 
-def test_unexpected_exception_is_one_line_unless_verbose(monkeypatch, rivers_txt: Path):
+def test_unexpected_exception_is_one_line_unless_verbose(monkeypatch, rivers_txt: Path, run_cli):
     def broken(*args, **kwargs):
         raise RuntimeError("boom\nsecond line")
 
@@ -317,7 +312,7 @@ def test_unexpected_exception_is_one_line_unless_verbose(monkeypatch, rivers_txt
     assert "Traceback" in verbose.stderr and "second line" in verbose.stderr
 
 
-def test_keyboard_interrupt_while_writing_leaves_nothing(monkeypatch, tmp_path, rivers_txt):
+def test_keyboard_interrupt_while_writing_leaves_nothing(monkeypatch, tmp_path, rivers_txt, run_cli):
     def interrupted(src, dst):
         raise KeyboardInterrupt
 
@@ -330,7 +325,7 @@ def test_keyboard_interrupt_while_writing_leaves_nothing(monkeypatch, tmp_path, 
     assert result.stdout == ""
 
 
-def test_keyboard_interrupt_while_summarizing(monkeypatch, rivers_txt: Path):
+def test_keyboard_interrupt_while_summarizing(monkeypatch, rivers_txt: Path, run_cli):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 

@@ -10,19 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from summarize import cli
 from summarize.inputs.words import count_words
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"
 TEXT = ("Bees visit flowers to collect nectar and pollen. Pollen sticks to their bodies and travels "
         "to the next flower. Many crops depend on this service for a good harvest.\n")
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(cli.app, list(args))
 
 
 @pytest.fixture
@@ -43,9 +37,9 @@ def unusable(tmp_path: Path, source: Path) -> dict[str, tuple[str, list[str]]]:
 
 
 @pytest.mark.parametrize("case", ["missing folder", "an input", "an input, spelled otherwise", "the output"])
-def test_an_unusable_diagnostics_file_is_a_usage_error_before_any_work(tmp_path: Path, source: Path, case: str):
+def test_an_unusable_diagnostics_file_is_a_usage_error_before_any_work(tmp_path: Path, source: Path, case: str, run_cli):
     path, more = unusable(tmp_path, source)[case]
-    result = invoke(str(source), "--diagnostics-file", path, *more)  # asks for a model: none is loaded
+    result = run_cli(str(source), "--diagnostics-file", path, *more)  # asks for a model: none is loaded
     assert result.exit_code == 2, result.output
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: --diagnostics-file ")

@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from typer.testing import CliRunner
 
-from summarize import cli
 from summarize.records import ModelProgress, Result
 from summarize.ui.escape import printable
 from summarize.ui.terminal import RichUI
@@ -21,10 +19,6 @@ TEXT = ("Bees visit flowers to collect nectar and pollen. Pollen sticks to their
         "to the next flower. Many crops depend on this service for a good harvest.\n")
 RETITLE = "bad\x1b]0;T"  # an OSC sequence: sets the terminal window's title
 RAW_CONTROLS = [chr(c) for c in (*range(0x20), *range(0x7F, 0xA0))]
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(cli.app, list(args), env={"NO_COLOR": "1"})
 
 
 def assert_no_raw_controls(text: str) -> None:
@@ -52,9 +46,9 @@ def hostile(tmp_path: Path) -> tuple[Path, Path, Path]:
     return retitling, marked, tmp_path / "gone\x1b[31m[bold].txt"
 
 
-def test_names_are_escaped_in_headers_errors_and_the_table(hostile):
+def test_names_are_escaped_in_headers_errors_and_the_table(hostile, run_cli):
     retitling, marked, gone = hostile
-    result = invoke(str(retitling), str(marked), str(gone), "--extractive", "-n", "40")
+    result = run_cli(str(retitling), str(marked), str(gone), "--extractive", "-n", "40", env={"NO_COLOR": "1"})
     assert result.exit_code == 1, result.output
     assert_no_raw_controls(result.stdout)
     assert_no_raw_controls(result.stderr)
@@ -65,10 +59,10 @@ def test_names_are_escaped_in_headers_errors_and_the_table(hostile):
     assert printable(str(retitling)) in table and str(marked) in table
 
 
-def test_json_keeps_the_exact_name_and_escapes_what_a_terminal_would_obey(tmp_path: Path):
+def test_json_keeps_the_exact_name_and_escapes_what_a_terminal_would_obey(tmp_path: Path, run_cli):
     source = tmp_path / "csi\x9b2J del\x7f.txt"
     source.write_text(TEXT)
-    result = invoke(str(source), "--json", "--extractive", "-n", "40")
+    result = run_cli(str(source), "--json", "--extractive", "-n", "40", env={"NO_COLOR": "1"})
     assert result.exit_code == 0, result.output
     assert_no_raw_controls(result.stdout)
     assert json.loads(result.stdout)["input"] == str(source)

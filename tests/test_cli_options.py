@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from summarize import cli
 from summarize.settings import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, MAX_CHUNK_TOKENS, MIN_CHUNK_TOKENS
@@ -17,10 +16,6 @@ from summarize.settings import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, MAX_CHUNK_
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = ("Bees visit flowers to collect nectar and pollen. Pollen sticks to their bodies and travels "
         "to the next flower. Many crops depend on this service for a good harvest.\n")
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(cli.app, list(args))
 
 
 def assert_usage_error(result, option: str) -> None:
@@ -47,8 +42,8 @@ def source(tmp_path: Path) -> Path:
     (["--chunk-tokens", "256", "--overlap", "65"], "--overlap"),  # more than a quarter
     (["--overlap", str(DEFAULT_CHUNK_TOKENS // 4 + 1)], "--overlap"),  # of the default chunk
 ])
-def test_chunk_sizes_outside_their_bounds_are_usage_errors(source: Path, args: list[str], option: str):
-    assert_usage_error(invoke(str(source), *args, "--extractive"), option)
+def test_chunk_sizes_outside_their_bounds_are_usage_errors(source: Path, args: list[str], option: str, run_cli):
+    assert_usage_error(run_cli(str(source), *args, "--extractive"), option)
 
 
 @pytest.mark.parametrize("args", [
@@ -56,13 +51,13 @@ def test_chunk_sizes_outside_their_bounds_are_usage_errors(source: Path, args: l
     ["--chunk-tokens", str(MAX_CHUNK_TOKENS), "--overlap", "0"],
     ["--overlap", str(DEFAULT_CHUNK_TOKENS // 4)],
 ])
-def test_chunk_sizes_at_their_bounds_are_accepted(source: Path, args: list[str]):
-    result = invoke(str(source), *args, "--extractive", "-n", "40")
+def test_chunk_sizes_at_their_bounds_are_accepted(source: Path, args: list[str], run_cli):
+    result = run_cli(str(source), *args, "--extractive", "-n", "40")
     assert result.exit_code == 0, result.output
 
 
-def test_help_states_the_bounds():
-    text = " ".join(invoke("--help").stdout.replace("│", " ").split())  # unwrapped, out of rich's panel
+def test_help_states_the_bounds(run_cli):
+    text = " ".join(run_cli("--help").stdout.replace("│", " ").split())  # unwrapped, out of rich's panel
     assert f"{MIN_CHUNK_TOKENS} to {MAX_CHUNK_TOKENS}" in text
     assert "at most a quarter of --chunk-tokens" in text
 
@@ -78,16 +73,16 @@ def test_the_cli_defaults_agree_with_the_model_summarizer():
 
 
 @pytest.mark.parametrize("size", ["lots", "0", "-1G"])
-def test_a_batch_memory_that_is_not_a_size_is_a_usage_error(source: Path, size: str):
-    assert_usage_error(invoke(str(source), "--batch-memory", size, "--extractive"), "--batch-memory")
+def test_a_batch_memory_that_is_not_a_size_is_a_usage_error(source: Path, size: str, run_cli):
+    assert_usage_error(run_cli(str(source), "--batch-memory", size, "--extractive"), "--batch-memory")
 
 
-def test_the_batch_memory_reaches_the_settings(monkeypatch, source: Path):
+def test_the_batch_memory_reaches_the_settings(monkeypatch, source: Path, run_cli):
     seen = []
     monkeypatch.setattr(cli.local, "run", lambda plan, settings, **kwargs: seen.append(settings.batch_memory) or [])
     monkeypatch.setenv("SUMMARIZE_BATCH_MEMORY", "256M")
-    invoke(str(source), "--extractive")
-    invoke(str(source), "--extractive", "--batch-memory", "2G")
+    run_cli(str(source), "--extractive")
+    run_cli(str(source), "--extractive", "--batch-memory", "2G")
     assert seen == [256 * 2**20, 2 * 2**30]
 
 
@@ -95,27 +90,27 @@ def test_the_batch_memory_reaches_the_settings(monkeypatch, source: Path):
 
 
 @pytest.mark.parametrize("device", ["bogus", "cuda:x", "tpu"])
-def test_a_device_torch_does_not_know_is_a_usage_error(source: Path, device: str):
-    assert_usage_error(invoke(str(source), "--device", device), "--device")
+def test_a_device_torch_does_not_know_is_a_usage_error(source: Path, device: str, run_cli):
+    assert_usage_error(run_cli(str(source), "--device", device), "--device")
 
 
-def test_cuda_without_cuda_is_a_usage_error(monkeypatch, source: Path):
+def test_cuda_without_cuda_is_a_usage_error(monkeypatch, source: Path, run_cli):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert_usage_error(invoke(str(source), "--device", "cuda"), "--device")
+    assert_usage_error(run_cli(str(source), "--device", "cuda"), "--device")
 
 
-def test_a_cuda_index_past_the_last_device_is_a_usage_error(monkeypatch, source: Path):
+def test_a_cuda_index_past_the_last_device_is_a_usage_error(monkeypatch, source: Path, run_cli):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert_usage_error(invoke(str(source), "--device", "cuda:2"), "--device")
+    assert_usage_error(run_cli(str(source), "--device", "cuda:2"), "--device")
 
 
-def test_the_device_comes_from_the_environment_too(source: Path):
-    result = CliRunner().invoke(cli.app, [str(source)], env={"SUMMARIZE_DEVICE": "bogus"})
+def test_the_device_comes_from_the_environment_too(source: Path, run_cli):
+    result = run_cli(str(source), env={"SUMMARIZE_DEVICE": "bogus"})
     assert_usage_error(result, "--device")
 
 

@@ -8,9 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from summarize import cli
 from summarize.cluster import worker as ray_worker
 from summarize.cluster.address import ClusterAddress, ClusterError, parse_address
 from summarize.cluster.progress import Throughput
@@ -19,10 +17,6 @@ from summarize.inputs.extract import ExtractionError
 from summarize.run.outcomes import ModelNotLoaded
 from summarize.settings import Settings
 from test_batch import GOOD
-
-
-def summarize(*args: str):
-    return CliRunner().invoke(cli.app, list(args))
 
 
 @pytest.mark.parametrize(("text", "address"), [
@@ -53,17 +47,17 @@ def test_other_addresses_are_refused(text):
     (["--ray", "local:2", "--ray-cpus", "0"], "0 is not more than 0"),
     (["--ray", "local:2", "--diagnostics-file", "d.jsonl"], "not with --ray"),
 ])
-def test_usage_errors_are_one_line_and_exit_2(tmp_path: Path, args, says):
-    result = summarize(str(tmp_path), "-o", str(tmp_path / "out"), "--extractive", *args)
+def test_usage_errors_are_one_line_and_exit_2(tmp_path: Path, args, says, run_cli):
+    result = run_cli(str(tmp_path), "-o", str(tmp_path / "out"), "--extractive", *args)
     assert result.exit_code == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error:") and says in line
 
 
-def test_without_ray_installed_the_option_is_one_line_saying_how_to_install_it(monkeypatch, tmp_path: Path):
+def test_without_ray_installed_the_option_is_one_line_saying_how_to_install_it(monkeypatch, tmp_path: Path, run_cli):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     (tmp_path / "a.txt").write_text(GOOD)
-    result = summarize(str(tmp_path), "-o", str(tmp_path / "out"), "--extractive", "--ray", "local:2")
+    result = run_cli(str(tmp_path), "-o", str(tmp_path / "out"), "--extractive", "--ray", "local:2")
     assert result.exit_code == 2
     assert result.stderr == "error: --ray needs Ray, which is not installed: pip install 'summarize[ray]'\n"
     assert not (tmp_path / "out").exists()

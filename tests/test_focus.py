@@ -7,9 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from summarize import cli
 from summarize.run import local
 from summarize.settings import MAP_REDUCE, STREAM, Settings
 from summarize.summarizers.extractive import ExtractiveSummarizer
@@ -21,13 +19,13 @@ from tiny_models import REAL_TOKENIZER, tiny_released_layout
 SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "target-tier-policy.txt"
 
 
-def test_the_option_and_its_environment_variable_reach_the_settings(monkeypatch, tmp_path):
+def test_the_option_and_its_environment_variable_reach_the_settings(monkeypatch, tmp_path, run_cli):
     seen = []
     monkeypatch.setattr(local, "run", lambda plan, settings, **kwargs: seen.append(settings) or [])
     doc = tmp_path / "a.txt"
     doc.write_text("One sentence here. Another sentence here.\n")
-    CliRunner().invoke(cli.app, [str(doc), "--focus", "risks and costs"])
-    CliRunner().invoke(cli.app, [str(doc)], env={"SUMMARIZE_FOCUS": "who pays"})
+    run_cli(str(doc), "--focus", "risks and costs")
+    run_cli(str(doc), env={"SUMMARIZE_FOCUS": "who pays"})
     assert [s.focus for s in seen] == ["risks and costs", "who pays"]
 
 

@@ -32,10 +32,8 @@ from unittest import mock
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 import llama_cpp
-from summarize import cli
 from summarize.engine import ModelNotAvailable, load_model, load_tokenizer
 from summarize.engine.ops.linear import Projection
 from summarize.engine.tokenizers.rwkv import RwkvTokenizer
@@ -421,7 +419,7 @@ def test_a_folder_with_one_gguf_file_loads(dense, tmp_path):
         load_model(folder, device="cpu", compile=False)
 
 
-def test_a_hub_repo_with_a_quantization_tag(dense, tmp_path, monkeypatch):
+def test_a_hub_repo_with_a_quantization_tag(dense, tmp_path, monkeypatch, run_cli):
     """owner/name:Q8_0 picks that file of the repository (here a Hugging Face cache laid out as
     huggingface_hub leaves it, read offline)."""
     from huggingface_hub import constants
@@ -441,7 +439,7 @@ def test_a_hub_repo_with_a_quantization_tag(dense, tmp_path, monkeypatch):
     for tag in ("Q8_0", "q8_0"):
         model = load_model(f"someone/Tiny-GGUF:{tag}", device="cpu", compile=False)
         assert Path(model.source).name == "Tiny-Q8_0.gguf"
-    pulled = CliRunner().invoke(cli.app, ["--pull", "-m", "someone/Tiny-GGUF:Q8_0"], env={"NO_COLOR": "1"})
+    pulled = run_cli("--pull", "-m", "someone/Tiny-GGUF:Q8_0", env={"NO_COLOR": "1"})
     assert pulled.exit_code == 0 and "Tiny-Q8_0.gguf" in pulled.stderr, pulled.stderr
     with pytest.raises(ModelNotAvailable, match="no Q4_K_M GGUF file.*Tiny-F32.gguf"):
         load_model("someone/Tiny-GGUF:Q4_K_M", device="cpu", compile=False)
@@ -515,9 +513,9 @@ def test_gguf_files_load_without_numpy(dense, tmp_path):
 # -- end to end --------------------------------------------------------------------------------------
 
 
-def test_the_sample_pdf_summarized_with_a_gguf_file(dense):
-    result = CliRunner().invoke(cli.app, [str(ROOT / "samples" / "target-tier-policy.pdf"), "-m", str(dense.gguf("q8_0")),
-                                          "-n", "50", "--temperature", "0"], env={"NO_COLOR": "1"})
+def test_the_sample_pdf_summarized_with_a_gguf_file(dense, run_cli):
+    result = run_cli(str(ROOT / "samples" / "target-tier-policy.pdf"), "-m", str(dense.gguf("q8_0")), "-n", "50", "--temperature", "0",
+                     env={"NO_COLOR": "1"})
     assert result.exit_code == 0, result.stderr
     assert f"model {dense.gguf('q8_0')} on cpu" in result.stderr
     assert result.stdout.strip()

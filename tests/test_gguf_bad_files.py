@@ -14,10 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 import llama_cpp
-from summarize import cli
 from summarize.engine import ModelNotAvailable, load_model
 from summarize.engine.weights.gguf_file import GGUFFile
 from summarize.errors import SummarizeError
@@ -100,12 +98,12 @@ def test_a_broken_file_is_one_line_naming_it(tmp_path, good, case):
 
 
 @pytest.mark.parametrize("case", ["truncated-data", "wrong-magic", "unsupported-arch", "missing-tensor", "unknown-type"])
-def test_the_command_line_says_it_in_one_line(tmp_path, good, case):
+def test_the_command_line_says_it_in_one_line(tmp_path, good, case, run_cli):
     change, why = CASES[case]
     path = write(tmp_path, change(good))
     doc = tmp_path / "doc.txt"
     doc.write_text("A short document. It has two sentences.\n")
-    result = CliRunner().invoke(cli.app, [str(doc), "-m", str(path), "-n", "20"], env={"NO_COLOR": "1"})
+    result = run_cli(str(doc), "-m", str(path), "-n", "20", env={"NO_COLOR": "1"})
     assert result.exit_code == 1, result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
     said = [line for line in result.stderr.splitlines() if why in line]

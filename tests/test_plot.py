@@ -13,9 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from typer.testing import CliRunner
 
-from summarize import cli
 from summarize.diagnostics.log import DiagnosticsLog
 from summarize.diagnostics.plot import MAX_COLUMNS, charts, read_spans
 from summarize.records import ModelProgress
@@ -24,10 +22,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SVG = "{http://www.w3.org/2000/svg}"
 TITLES = [f"{metric}, {phase}" for phase in ("prefill", "decode") for metric in ("state_norm", "gate_mean", "delta_norm")]
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(cli.app, list(args), env={"NO_COLOR": "1"})
 
 
 def span(phase: str, sequence: int = 0, norm: float = 1.0) -> SimpleNamespace:
@@ -69,9 +63,9 @@ def cells(svg: ET.Element) -> list[ET.Element]:
 
 
 @pytest.mark.parametrize("suffix", [".svg", ".html"])
-def test_each_number_and_phase_is_a_heatmap_with_axes_a_colour_scale_and_the_input(tmp_path: Path, suffix: str):
+def test_each_number_and_phase_is_a_heatmap_with_axes_a_colour_scale_and_the_input(tmp_path: Path, suffix: str, run_cli):
     out = tmp_path / f"d{suffix}"
-    result = invoke("plot", str(write_run(tmp_path / "d.jsonl")), "-o", str(out))
+    result = run_cli("plot", str(write_run(tmp_path / "d.jsonl")), "-o", str(out), env={"NO_COLOR": "1"})
     assert result.exit_code == 0, result.output
     assert result.stdout == result.stderr == ""
     svg = svg_of(out)
@@ -86,9 +80,9 @@ def test_each_number_and_phase_is_a_heatmap_with_axes_a_colour_scale_and_the_inp
     assert len(cells(svg)) == 3 * 2 * 3 + 10 * 2 * 3
 
 
-def test_the_picture_needs_no_network_and_no_script(tmp_path: Path):
+def test_the_picture_needs_no_network_and_no_script(tmp_path: Path, run_cli):
     out = tmp_path / "d.html"
-    assert invoke("plot", str(write_run(tmp_path / "d.jsonl")), "-o", str(out)).exit_code == 0
+    assert run_cli("plot", str(write_run(tmp_path / "d.jsonl")), "-o", str(out), env={"NO_COLOR": "1"}).exit_code == 0
     page = out.read_text(encoding="utf-8")
     assert page.startswith("<!DOCTYPE html>") and "<script" not in page.lower()
     assert page.replace('xmlns="http://www.w3.org/2000/svg"', "").count("http") == 0
@@ -106,39 +100,39 @@ def test_prefill_has_a_column_per_span_and_decode_groups_a_batch_s_steps_by_chun
     assert state_norm_decode.ticks == [(0, "0"), (5, "1")]
 
 
-def test_more_spans_than_fit_are_averaged_in_runs_and_the_caption_says_so(tmp_path: Path):
+def test_more_spans_than_fit_are_averaged_in_runs_and_the_caption_says_so(tmp_path: Path, run_cli):
     out = tmp_path / "d.svg"
-    invoke("plot", str(write_run(tmp_path / "d.jsonl", decode_steps=MAX_COLUMNS)), "-o", str(out))
+    run_cli("plot", str(write_run(tmp_path / "d.jsonl", decode_steps=MAX_COLUMNS)), "-o", str(out), env={"NO_COLOR": "1"})
     svg = svg_of(out)
     assert len(cells(svg)) == 3 * 2 * 3 + MAX_COLUMNS * 2 * 3  # 2 × MAX_COLUMNS steps, two a column
     assert sum("each column the mean of 2" in t for t in texts(svg)) == 3
 
 
-def test_names_are_escaped_and_held_as_text(tmp_path: Path):
+def test_names_are_escaped_and_held_as_text(tmp_path: Path, run_cli):
     name = 'a <script>alert("x")</script> & \x1b[31m.pdf'
     out = tmp_path / "d.html"
-    assert invoke("plot", str(write_run(tmp_path / "d.jsonl", name=name)), "-o", str(out)).exit_code == 0
+    assert run_cli("plot", str(write_run(tmp_path / "d.jsonl", name=name)), "-o", str(out), env={"NO_COLOR": "1"}).exit_code == 0
     assert "<script" not in out.read_text(encoding="utf-8")
     assert 'input: a <script>alert("x")</script> & \\x1b[31m.pdf' in texts(svg_of(out))
 
 
-def test_a_last_line_cut_short_by_a_killed_run_is_left_out(tmp_path: Path):
+def test_a_last_line_cut_short_by_a_killed_run_is_left_out(tmp_path: Path, run_cli):
     path = write_run(tmp_path / "d.jsonl")
     path.write_text(path.read_text() + '{"input": "report.pdf", "chunk": 1, "pha')
-    assert invoke("plot", str(path), "-o", str(tmp_path / "d.svg")).exit_code == 0
+    assert run_cli("plot", str(path), "-o", str(tmp_path / "d.svg"), env={"NO_COLOR": "1"}).exit_code == 0
 
 
-def test_a_file_named_plot_is_summarized_as_dot_slash_plot(tmp_path: Path, monkeypatch):
+def test_a_file_named_plot_is_summarized_as_dot_slash_plot(tmp_path: Path, monkeypatch, run_cli):
     monkeypatch.chdir(tmp_path)
     Path("plot").write_text("Bees visit flowers to collect nectar. Pollen sticks to their bodies and travels on.\n")
-    summarized = invoke("./plot", "--extractive", "-n", "20")
+    summarized = run_cli("./plot", "--extractive", "-n", "20", env={"NO_COLOR": "1"})
     assert summarized.exit_code == 0 and "nectar" in summarized.stdout
-    assert invoke("plot", "--extractive").exit_code == 2  # `plot` first: the plot command, which has no such option
+    assert run_cli("plot", "--extractive", env={"NO_COLOR": "1"}).exit_code == 2  # `plot` first: the plot command, which has no such option
 
 
-def test_help_says_how_plot_is_reached():
-    assert "summarize plot" in " ".join(invoke("--help").stdout.split())
-    shown = invoke("plot", "--help")
+def test_help_says_how_plot_is_reached(run_cli):
+    assert "summarize plot" in " ".join(run_cli("--help", env={"NO_COLOR": "1"}).stdout.split())
+    shown = run_cli("plot", "--help", env={"NO_COLOR": "1"})
     assert shown.exit_code == 0 and "summarize plot" in shown.stdout and "--output" in shown.stdout
 
 
@@ -183,10 +177,10 @@ CASES = ["missing file", "a folder", "not JSON", "empty", "JSON of another kind"
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path: Path, case: str):
+def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path: Path, case: str, run_cli):
     args, code = bad_inputs(tmp_path)[case]
     before = sorted(p.name for p in tmp_path.rglob("*"))
-    result = invoke("plot", *args)
+    result = run_cli("plot", *args, env={"NO_COLOR": "1"})
     assert result.exit_code == code, result.output
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: ") and "Traceback" not in result.output
@@ -194,28 +188,28 @@ def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path: Path, case: st
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
 
 
-def test_the_output_may_not_be_the_diagnostics_file(tmp_path: Path):
+def test_the_output_may_not_be_the_diagnostics_file(tmp_path: Path, run_cli):
     path = write_run(tmp_path / "d.html")  # a log with an unlikely name
     kept = path.read_text()
-    result = invoke("plot", str(path), "-o", str(tmp_path / "." / "d.html"))
+    result = run_cli("plot", str(path), "-o", str(tmp_path / "." / "d.html"), env={"NO_COLOR": "1"})
     assert result.exit_code == 2 and result.stderr.startswith("error: ")
     assert path.read_text() == kept
 
 
-def test_ctrl_c_leaves_no_file_and_exits_130(tmp_path: Path, monkeypatch):
+def test_ctrl_c_leaves_no_file_and_exits_130(tmp_path: Path, monkeypatch, run_cli):
     def interrupted(source: str, target: Path) -> None:  # Ctrl-C just before the picture lands
         raise KeyboardInterrupt
 
     monkeypatch.setattr(os, "replace", interrupted)
-    result = invoke("plot", str(write_run(tmp_path / "d.jsonl")), "-o", str(tmp_path / "d.svg"))
+    result = run_cli("plot", str(write_run(tmp_path / "d.jsonl")), "-o", str(tmp_path / "d.svg"), env={"NO_COLOR": "1"})
     assert (result.exit_code, result.stderr) == (130, "error: interrupted\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]
 
 
-def test_an_existing_output_is_replaced_whole(tmp_path: Path):
+def test_an_existing_output_is_replaced_whole(tmp_path: Path, run_cli):
     out = tmp_path / "d.svg"
     out.write_text("old picture\n")
-    assert invoke("plot", str(write_run(tmp_path / "d.jsonl")), "-o", str(out)).exit_code == 0
+    assert run_cli("plot", str(write_run(tmp_path / "d.jsonl")), "-o", str(out), env={"NO_COLOR": "1"}).exit_code == 0
     assert out.read_text().startswith("<svg") and sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl", "d.svg"]
 
 
@@ -243,9 +237,9 @@ def run_log(tmp_path_factory) -> Path:
     return folder / "d.jsonl"
 
 
-def test_a_real_run_is_drawn_with_its_recurrent_layers_and_chunks(run_log: Path, tmp_path: Path):
+def test_a_real_run_is_drawn_with_its_recurrent_layers_and_chunks(run_log: Path, tmp_path: Path, run_cli):
     out = tmp_path / "d.svg"
-    result = invoke("plot", str(run_log), "-o", str(out))
+    result = run_cli("plot", str(run_log), "-o", str(out), env={"NO_COLOR": "1"})
     assert result.exit_code == 0, result.output
     labels = texts(svg_of(out))
     assert [t for t in labels if t in TITLES] == TITLES
@@ -253,14 +247,14 @@ def test_a_real_run_is_drawn_with_its_recurrent_layers_and_chunks(run_log: Path,
     assert {"0", "1", "2"} <= set(labels) and "3" not in labels  # layer 3 is the attention layer (and no chunk 3)
 
 
-def test_a_browser_shows_the_page(run_log: Path, tmp_path: Path):
+def test_a_browser_shows_the_page(run_log: Path, tmp_path: Path, run_cli):
     browser = next(filter(None, map(shutil.which, BROWSERS)), None)
     if browser is None:
         pytest.skip(f"no headless browser installed ({', '.join(BROWSERS)})")
     from PIL import Image
 
     page, shot = tmp_path / "d.html", tmp_path / "shot.png"
-    assert invoke("plot", str(run_log), "-o", str(page)).exit_code == 0
+    assert run_cli("plot", str(run_log), "-o", str(page), env={"NO_COLOR": "1"}).exit_code == 0
     subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
                     "--window-size=1200,900", page.as_uri()], capture_output=True, timeout=120, check=True)
     with Image.open(shot) as image:

@@ -1,8 +1,9 @@
-"""The Qwen3.5 engine equals the reference (transformers) and its State behaves like a value.
+"""The Qwen3.5 engine equals the reference (transformers), and what is Qwen3.5's own: its checkpoint
+layouts, prefill blocks, the KV cache beside the recurrent state. What every family keeps (one call
+vs many, prefill vs decode, the State, diagnostics, bf16) is checked in test_family_contract.py.
 
 Tolerances: fp32 logits agree with the reference to 1e-4 relative to the largest logit (the two
-sides sum in different orders); anything computed twice by our own engine in the same way
-(snapshot/restore, save/load) must agree exactly.
+sides sum in different orders).
 """
 
 from __future__ import annotations
@@ -100,19 +101,7 @@ def fuse_experts(file, *, num_layers: int, num_experts: int) -> None:
     save_file(tensors, str(file))
 
 
-# -- one call equals many; prefill is forward's last row ------------------------------------
-
-
-def test_one_forward_equals_many(dense):
-    _, model = dense
-    sizes = (37, 1, 2, 1, 50)  # 2: fewer new tokens than the conv window holds
-    ids = random_ids(2, sum(sizes), seed=3)
-    whole = model.forward(ids, model.new_state(2))
-    state, pieces, start = model.new_state(2), [], 0
-    for size in sizes:
-        pieces.append(model.forward(ids[:, start : start + size], state))
-        start += size
-    assert_logits_close(torch.cat(pieces, dim=1), whole, rel=1e-5)
+# -- prefill is forward's last row; batch rows are single sequences -------------------------
 
 
 def test_prefill_equals_last_row_of_forward(dense, monkeypatch):
@@ -120,15 +109,6 @@ def test_prefill_equals_last_row_of_forward(dense, monkeypatch):
     ids = random_ids(2, 90, seed=4)
     monkeypatch.setattr(Qwen35Model, "prefill_block_tokens", 32)  # three blocks, the last one short
     assert_logits_close(model.prefill(ids, model.new_state(2)), model.forward(ids, model.new_state(2))[:, -1], rel=1e-5)
-
-
-def test_decode_steps_equal_forward(dense):
-    _, model = dense
-    ids = random_ids(1, 12, seed=5)
-    whole = model.forward(ids, model.new_state(1))
-    state = model.new_state(1)
-    rows = [model.decode(ids[:, t], state) for t in range(ids.shape[1])]
-    assert_logits_close(torch.stack(rows, dim=1), whole, rel=1e-5)
 
 
 def test_batch_rows_equal_single_sequences(dense):
@@ -140,53 +120,6 @@ def test_batch_rows_equal_single_sequences(dense):
 
 
 # -- State -----------------------------------------------------------------------------------
-
-
-def test_snapshot_run_restore_run_is_identical(dense):
-    _, model = dense
-    state = model.new_state(1)
-    model.prefill(random_ids(1, 30, seed=7), state)
-    snapshot = state.snapshot()
-    chunk = random_ids(1, 45, seed=8)
-    first = model.forward(chunk, state)
-    model.forward(random_ids(1, 300, seed=9), state)  # grows the KV cache past its first buffer
-    state.restore(snapshot)
-    assert torch.equal(model.forward(chunk, state), first)
-
-
-def test_batch1_snapshot_restores_into_a_batch(dense):
-    _, model = dense
-    prefix = model.new_state(1)
-    model.prefill(random_ids(1, 20, seed=10), prefix)
-    snapshot = prefix.snapshot()
-    chunks = random_ids(3, 25, seed=11)
-    batch = model.new_state(3)
-    batch.restore(snapshot)
-    batched = model.prefill(chunks, batch)
-    for b in range(3):
-        prefix.restore(snapshot)
-        assert_logits_close(batched[b : b + 1], model.prefill(chunks[b : b + 1], prefix), rel=1e-5)
-
-
-def test_reset_is_a_fresh_state(dense):
-    _, model = dense
-    ids = random_ids(1, 20, seed=12)
-    state = model.new_state(1)
-    model.prefill(random_ids(1, 50, seed=13), state)
-    state.reset()
-    assert torch.equal(model.prefill(ids, state), model.prefill(ids, model.new_state(1)))
-
-
-def test_save_load_round_trip(dense, tmp_path):
-    _, model = dense
-    state = model.new_state(1)
-    model.prefill(random_ids(1, 33, seed=14), state)
-    state.save(tmp_path / "state.safetensors")
-    loaded = model.new_state(1)
-    loaded.load(tmp_path / "state.safetensors")
-    assert loaded.position == state.position == 33
-    nxt = random_ids(1, 5, seed=15)
-    assert torch.equal(model.forward(nxt, loaded), model.forward(nxt, state))
 
 
 def test_load_of_a_file_that_is_no_state_is_a_clear_error(dense, tmp_path):
@@ -202,16 +135,6 @@ def test_load_rejects_another_models_state(dense, vlm, tmp_path):
     other.save(tmp_path / "other.safetensors")
     with pytest.raises(SummarizeError, match="shape"):
         model.new_state(1).load(tmp_path / "other.safetensors")
-
-
-def test_recurrent_state_bytes_do_not_grow_with_the_text(dense):
-    _, model = dense
-    state = model.new_state(1)
-    model.prefill(random_ids(1, 10), state)
-    after_10 = state.recurrent_nbytes
-    model.prefill(random_ids(1, 2000, seed=16), state)
-    assert state.recurrent_nbytes == after_10
-    assert state.kv_tokens == 2010  # only the attention layers' cache grows
 
 
 def test_loading_bounds_the_cpu_kernel_caches(dense, tmp_path, monkeypatch):
@@ -303,40 +226,7 @@ def recompute_gate_and_delta(gdn, x: torch.Tensor) -> tuple[float, float]:
         return g.exp().mean().item(), sum(deltas) / T
 
 
-def test_decode_reports_one_span_per_token(dense):
-    _, model = dense
-    reports = []
-    state = model.new_state(2)
-    model.prefill(random_ids(2, 8), state)
-    model.listener = reports.append
-    try:
-        model.decode(torch.tensor([1, 2]), state)
-    finally:
-        model.listener = None
-    assert [(r.phase, r.sequence, r.tokens) for r in reports] == [("decode", 0, 1), ("decode", 1, 1)]
-    assert all(len(r.layers) == 4 for r in reports)
-
-
-def test_nan_in_state_is_an_error_naming_the_layer(dense):
-    _, model = dense
-    state = model.new_state(1)
-    state.layers[1].matrix.fill_(float("nan"))
-    with pytest.raises(SummarizeError, match="layer 1"):
-        model.prefill(random_ids(1, 5), state)
-
-
 # -- loading ---------------------------------------------------------------------------------
-
-
-def test_bf16_stays_close_to_fp32(dense, tmp_path):
-    reference, model = dense
-    folder = save_checkpoint(reference, tmp_path)
-    bf16 = load_model(folder, device="cpu", dtype=torch.bfloat16)
-    ids = random_ids(1, 80, seed=18)
-    got = bf16.forward(ids, bf16.new_state(1)).float()
-    want = model.forward(ids, model.new_state(1))
-    assert_logits_close(got, want, rel=0.05)  # bf16 keeps ~3 significant digits per op
-    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.8
 
 
 def test_missing_tensor_is_named(dense, tmp_path):

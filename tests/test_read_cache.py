@@ -11,9 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from summarize import cli
 from summarize.engine.generation.generate import generate_batch
 from summarize.settings import MAP_REDUCE, STREAM, Settings
 from summarize.summarizers import model as model_summarizer
@@ -166,37 +164,37 @@ def test_the_state_after_the_document_comes_back_to_the_same_summary(model_dir, 
 # -- the command line ---------------------------------------------------------------------------
 
 
-def summarize_json(*args: str) -> dict:
-    result = CliRunner().invoke(cli.app, ["--dtype", "float32", "--temperature", "0", "--json", *args], env={"NO_COLOR": "1"})
+def summarize_json(run_cli, *args: str) -> dict:
+    result = run_cli("--dtype", "float32", "--temperature", "0", "--json", *args, env={"NO_COLOR": "1"})
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
 
 @needs_tokenizer
-def test_the_command_line_reports_cached_chunks_and_no_cache_writes_nothing(model_dir, read_cache_dir, tmp_path):
+def test_the_command_line_reports_cached_chunks_and_no_cache_writes_nothing(model_dir, read_cache_dir, tmp_path, run_cli):
     doc = tmp_path / "doc.txt"
     doc.write_text(TEXT)
     args = [str(doc), "-m", str(model_dir), "--chunk-tokens", "300", "--overlap", "32"]
-    assert summarize_json(*args, "-n", "20", "--no-cache")["cached_chunks"] == 0
+    assert summarize_json(run_cli, *args, "-n", "20", "--no-cache")["cached_chunks"] == 0
     assert not any(read_cache_dir.iterdir())
-    assert summarize_json(*args, "-n", "20")["cached_chunks"] == 0
+    assert summarize_json(run_cli, *args, "-n", "20")["cached_chunks"] == 0
     chunks = len(entries(read_cache_dir, NOTES))
     assert chunks > 2
-    assert summarize_json(*args, "-n", "10")["cached_chunks"] == chunks
+    assert summarize_json(run_cli, *args, "-n", "10")["cached_chunks"] == chunks
 
 
 @needs_tokenizer
-def test_a_cache_dir_that_cannot_be_written_is_said_once(model_dir, tmp_path):
+def test_a_cache_dir_that_cannot_be_written_is_said_once(model_dir, tmp_path, run_cli):
     doc = tmp_path / "doc.txt"
     doc.write_text(TEXT[:2000])  # two chunks: notes to keep
     (tmp_path / "a-file").write_text("")
-    result = CliRunner().invoke(cli.app, [str(doc), "-m", str(model_dir), "--dtype", "float32", "--temperature", "0", "--chunk-tokens", "300",
-                                          "--cache-dir", str(tmp_path / "a-file" / "cache"), "-n", "10"], env={"NO_COLOR": "1"})
+    result = run_cli(str(doc), "-m", str(model_dir), "--dtype", "float32", "--temperature", "0", "--chunk-tokens", "300",
+                     "--cache-dir", str(tmp_path / "a-file" / "cache"), "-n", "10", env={"NO_COLOR": "1"})
     assert result.exit_code == 0, result.output
     assert result.stderr.count("going on without the cache") == 1 and "Traceback" not in result.stderr
 
 
-def test_the_cache_options_reach_the_settings(monkeypatch, tmp_path):
+def test_the_cache_options_reach_the_settings(monkeypatch, tmp_path, run_cli):
 
     from summarize.run import local
 
@@ -204,8 +202,8 @@ def test_the_cache_options_reach_the_settings(monkeypatch, tmp_path):
     monkeypatch.setattr(local, "run", lambda plan, settings, **kwargs: seen.append(settings) or [])
     doc = tmp_path / "a.txt"
     doc.write_text("One sentence here.\n")
-    CliRunner().invoke(cli.app, [str(doc), "--cache-dir", str(tmp_path / "c"), "--cache-size", "1G"])
-    CliRunner().invoke(cli.app, [str(doc), "--no-cache"], env={"SUMMARIZE_CACHE_SIZE": "512M", "SUMMARIZE_CACHE_DIR": str(tmp_path / "d")})
+    run_cli(str(doc), "--cache-dir", str(tmp_path / "c"), "--cache-size", "1G")
+    run_cli(str(doc), "--no-cache", env={"SUMMARIZE_CACHE_SIZE": "512M", "SUMMARIZE_CACHE_DIR": str(tmp_path / "d")})
     assert [(s.cache, s.cache_dir, s.cache_size) for s in seen] == [(True, str(tmp_path / "c"), 2**30),
                                                                     (False, str(tmp_path / "d"), 2**29)]
 

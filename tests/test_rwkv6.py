@@ -1,5 +1,7 @@
 """The RWKV-6 engine equals BlinkDL's reference (the `rwkv` package's v6 path), its wkv6 op is exact
-with unbounded decays, and its State behaves like a value.
+with unbounded decays, and it verifies drafts, reads its layouts and its vocabularies. What every
+family keeps (prefill vs decode, the State, diagnostics, bf16, the CLI from a `.pth`) is checked in
+test_family_contract.py.
 
 Tolerances (fp32):
 - logits vs the reference: 1e-4 relative to the largest logit, over 300 tokens, for BlinkDL's `.pth`
@@ -9,8 +11,7 @@ Tolerances (fp32):
   tokens that include channels decaying by exp(-12) per token and channels that forget at once (w = 0)
   (measured: ~4e-6 on outputs of size ~20);
 - the state after 100 tokens vs the reference's: 1e-5 of its largest entry (measured: ~1e-6);
-- our engine against itself (one call vs many, prefill vs decode, verify vs decode): 1e-5 relative;
-  snapshot/restore and save/load replay the same computation and must agree exactly.
+- our engine against itself (verify vs decode): 1e-5 relative.
 
 The reference module reads RWKV_V7_ON when it is imported and when it runs. test_rwkv7.py imports
 `rwkv.model` with it on, which turns the module's `RWKV` into RWKV-7's class; this file runs its own
@@ -22,12 +23,8 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import json
-import math
 import os
 import re
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from unittest import mock
@@ -35,7 +32,7 @@ from unittest import mock
 import pytest
 import torch
 
-from summarize.engine import NonFiniteStateError, load_model, load_tokenizer
+from summarize.engine import load_model, load_tokenizer
 from summarize.engine.generation.generate import SamplingParams, generate_batch
 from summarize.engine.models.rwkv6 import RWKV6Model
 from summarize.engine.ops.rwkv6_wkv import (
@@ -49,7 +46,7 @@ from summarize.engine.ops.rwkv6_wkv import (
 )
 from summarize.engine.tokenizers.rwkv import MOBIUS_CHAT, VOCAB_FILE, WORLD_CHAT, RwkvTokenizer
 from summarize.errors import SummarizeError
-from summarize.inputs.words import count_words
+from test_family_contract import assert_every_layer_reported, summarize_cli
 from test_speculative import FixedCosts, noisy_copy
 from tiny_models import RWKV6_TINY, RWKV6_TINY_SMALL_HEADS, RWKV_TINY, blinkdl_checkpoint, rwkv6_checkpoint, rwkv6_hf_layout
 
@@ -225,57 +222,6 @@ def test_the_decays_of_the_test_model_are_unbounded(model):
 # -- our engine against itself ----------------------------------------------------------------
 
 
-def test_prefill_equals_forward_and_step_by_step(model):
-    ids = random_ids(1, 90, seed=6)
-    full = model.forward(ids, model.new_state(1))
-    state = model.new_state(1)
-    assert_close_to_scale(model.prefill(ids, state), full[:, -1], SELF_TOL)
-    steps = model.new_state(1)
-    decoded = torch.stack([model.decode(ids[:, t], steps) for t in range(ids.shape[1])], dim=1)
-    assert_close_to_scale(decoded, full, SELF_TOL)
-    for chunked, stepped in zip(state.layers, steps.layers):
-        assert_close_to_scale(chunked.matrix, stepped.matrix, SELF_TOL)
-        assert torch.allclose(chunked.shift, stepped.shift, atol=1e-5, rtol=1e-5)
-
-
-def test_state_bytes_are_the_same_after_10_and_10000_tokens(model):
-    """layers x (fp32 N x N per head + 2 C shift vectors), whatever was read."""
-    sizes = []
-    for length in (10, 10_000):
-        state = model.new_state(1)
-        model.prefill(random_ids(1, length, seed=7), state)
-        assert all(torch.isfinite(layer.matrix).all() for layer in state.layers)
-        sizes.append(state.nbytes)
-    cfg = model.cfg
-    assert sizes[0] == sizes[1] == cfg.num_layers * (cfg.num_heads * cfg.head_size**2 * 4 + 2 * cfg.hidden_size * 4)
-
-
-def test_snapshot_restore_reset_save_load(model, tmp_path):
-    prefix, rest = random_ids(1, 40, seed=8), random_ids(1, 30, seed=9)
-    state = model.new_state(1)
-    model.prefill(prefix, state)
-    snapshot = state.snapshot()
-    first = model.forward(rest, state)
-    state.restore(snapshot)
-    assert torch.equal(model.forward(rest, state), first)
-
-    state.restore(snapshot)
-    state.save(tmp_path / "state.safetensors")
-    loaded = model.new_state(1)
-    loaded.load(tmp_path / "state.safetensors")
-    assert loaded.position == 40
-    assert torch.equal(model.forward(rest, loaded), first)
-
-    state.reset()
-    assert torch.equal(model.forward(rest, state), model.forward(rest, model.new_state(1)))
-
-    batch = model.new_state(3)  # a snapshot of one sequence restores into a batch
-    batch.restore(snapshot)
-    got = model.forward(rest.expand(3, -1), batch)
-    for row in range(3):
-        assert_close_to_scale(got[row : row + 1], first, SELF_TOL)
-
-
 def test_verify_and_accept_equal_decoding_the_kept_tokens(model):
     g = torch.Generator().manual_seed(10)
     prompt, span, counts = torch.randint(0, VOCAB, (3, 11), generator=g), torch.randint(0, VOCAB, (3, 6), generator=g), torch.tensor([1, 4, 6])
@@ -325,37 +271,6 @@ def test_a_banned_token_is_never_sampled(model):
     sampled = generate_batch(model, prompt.expand(64, -1), model.new_state(64), tokenizer=AnyText(), stop_ids=[],
                              max_new_tokens=4, sampling=SamplingParams(temperature=5.0, seed=0), banned_ids={first})
     assert all(first not in g.token_ids for g in sampled)
-
-
-# -- diagnostics ----------------------------------------------------------------------------
-
-
-def test_diagnostics_on_every_layer(model):
-    reports = []
-    model.listener = reports.append
-    try:
-        state = model.new_state(2)
-        model.prefill(random_ids(2, 100, seed=13), state)
-        model.decode(torch.tensor([1, 2]), state)
-    finally:
-        model.listener = None
-    assert [(r.phase, r.sequence, r.tokens) for r in reports] == [("prefill", 0, 100), ("prefill", 1, 100),
-                                                                  ("decode", 0, 1), ("decode", 1, 1)]
-    for report in reports:
-        assert [layer.layer for layer in report.layers] == [0, 1, 2]
-        assert report.state_bytes == state.nbytes // 2
-        for layer in report.layers:
-            assert layer.kind == "recurrent" and layer.kv_tokens is None
-            assert math.isfinite(layer.state_norm) and layer.state_norm > 0
-            assert math.isfinite(layer.delta_norm) and layer.delta_norm > 0
-            assert 0 < layer.gate_mean < 1
-
-
-def test_nan_in_a_state_names_the_layer(model):
-    state = model.new_state(1)
-    state.layers[2].matrix[0, 0, 0, 0] = float("nan")
-    with pytest.raises(NonFiniteStateError, match="layer 2"):
-        model.prefill(random_ids(1, 5), state)
 
 
 # -- the wkv6 ops -------------------------------------------------------------------------------
@@ -517,15 +432,6 @@ def test_a_bad_rwkv6_pth_is_named_in_one_line(checkpoints, tmp_path, change, why
     assert "\n" not in message and why in message, message
 
 
-def test_bfloat16_weights_keep_an_fp32_state(checkpoints, model):
-    bf16 = load_model(checkpoints["heads-of-32"], device="cpu", dtype=torch.bfloat16)
-    state = bf16.new_state(1)
-    ids = random_ids(1, 40, seed=14)
-    logits = bf16.forward(ids, state)
-    assert bf16.dtype == torch.bfloat16 and all(layer.matrix.dtype == torch.float32 for layer in state.layers)
-    assert_close_to_scale(logits, model.forward(ids, model.new_state(1)), 0.1)
-
-
 # -- vocabularies and chat formats ------------------------------------------------------------
 
 
@@ -607,37 +513,6 @@ def world_checkpoint(tmp_path_factory) -> Path:
     """A tiny model over the whole World vocabulary (and Mobius's three more), so the real tokenizer's ids fit."""
     sizes = RWKV6_TINY | dict(vocab=65536, layers=2)
     return rwkv6_checkpoint(tmp_path_factory.mktemp("rwkv6-world") / "rwkv6-tiny-world.pth", **sizes)
-
-
-def summarize_cli(model: Path, tmp_path: Path, *args: str) -> list[dict]:
-    diagnostics = tmp_path / "d.jsonl"
-    proc = subprocess.run(
-        [sys.executable, "-m", "summarize", str(SAMPLES / "target-tier-policy.pdf"), "-m", str(model), "-n", "50",
-         "--temperature", "0", "--dtype", "float32", "--diagnostics-file", str(diagnostics), *args],
-        capture_output=True, text=True, timeout=600,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "NO_COLOR": "1", "OMP_NUM_THREADS": "1",
-             "SUMMARIZE_CACHE_DIR": os.environ["SUMMARIZE_CACHE_DIR"]},
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert 0 < count_words(proc.stdout) <= 50
-    return [json.loads(line) for line in diagnostics.read_text().splitlines()]
-
-
-def assert_every_layer_reported(records: list[dict], layers: int) -> None:
-    assert {r["phase"] for r in records} == {"prefill", "decode"}
-    assert len(records) % layers == 0
-    for start in range(0, len(records), layers):  # one record per layer per span, layers in order
-        assert [r["layer"] for r in records[start : start + layers]] == list(range(layers))
-    for r in records:
-        assert r["kind"] == "recurrent" and r["kv_tokens"] is None
-        assert math.isfinite(r["state_norm"]) and math.isfinite(r["delta_norm"])
-        assert 0 < r["gate_mean"] < 1
-
-
-@pytest.mark.parametrize("strategy", ["map-reduce", "stream"])
-def test_pdf_to_summary_with_a_pth(world_checkpoint, tmp_path, strategy):
-    assert_every_layer_reported(summarize_cli(world_checkpoint, tmp_path, "--strategy", strategy), layers=2)
 
 
 @pytest.mark.parametrize("strategy", ["map-reduce", "stream"])

@@ -1,23 +1,20 @@
-"""The RWKV-7 engine equals BlinkDL's reference (the `rwkv` package) and its State behaves like a value.
+"""The RWKV-7 engine equals BlinkDL's reference (the `rwkv` package); its layouts and its wkv7 op.
+What every family keeps (one call vs many, prefill vs decode, the State, diagnostics, bf16, the
+CLI from a `.pth`) is checked in test_family_contract.py.
 
 Tolerances (fp32):
 - logits vs the reference: 1e-5 relative to the largest logit (measured: ~1e-6; the two sides sum
   in different orders, and the reference runs the state update token by token);
 - wkv7 ops: chunked / step vs the naive oracle atol 2e-5, rtol 1e-5; at the decay's lower bound
-  (the hardest case for the chunk form) the same, for the default chunk, 64 and the largest, 128;
-- our engine against itself (one call vs many, prefill vs decode): 1e-5 relative; snapshot/restore
-  and save/load replay the same computation and must agree exactly.
+  (the hardest case for the chunk form) the same, for the default chunk, 64 and the largest, 128.
 
 Tiny models run on one thread: on a shared two-core machine two threads mostly wait for each other.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from unittest import mock
@@ -26,7 +23,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from summarize.engine import ModelNotAvailable, NonFiniteStateError, load_model
+from summarize.engine import ModelNotAvailable, load_model
 from summarize.engine.models.rwkv7 import RWKV7Model
 from summarize.engine.ops.rwkv7_wkv import (
     DEFAULT_CHUNK_SIZE,
@@ -37,13 +34,11 @@ from summarize.engine.ops.rwkv7_wkv import (
     recurrent_step_rwkv7,
 )
 from summarize.errors import SummarizeError
-from summarize.inputs.words import count_words
 from tiny_models import RWKV_TINY as TINY
 from tiny_models import blinkdl_checkpoint, hf_layout
 
 REL_TOL = 1e-5
 VOCAB = TINY["vocab"]
-SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -136,109 +131,6 @@ def test_config_is_read_from_the_tensors(model):
     assert (cfg.decay_rank, cfg.iclr_rank, cfg.value_rank, cfg.gate_rank, cfg.ffn_size) == (16, 12, 8, 24, 160)
 
 
-# -- our engine against itself ----------------------------------------------------------------
-
-
-def test_prefill_equals_forward_and_step_by_step(model):
-    ids = random_ids(1, 90, seed=5)
-    full = model.forward(ids, model.new_state(1))
-    state = model.new_state(1)
-    assert_logits_close(model.prefill(ids, state), full[:, -1])
-    steps = model.new_state(1)
-    decoded = torch.stack([model.decode(ids[:, t], steps) for t in range(ids.shape[1])], dim=1)
-    assert_logits_close(decoded, full)
-    for chunked, stepped in zip(state.layers, steps.layers):
-        assert torch.allclose(chunked.matrix, stepped.matrix, atol=1e-5, rtol=1e-5)
-        assert torch.allclose(chunked.shift, stepped.shift, atol=1e-5, rtol=1e-5)
-
-
-def test_one_call_equals_many(model):
-    ids = random_ids(2, 150, seed=6)
-    whole = model.forward(ids, model.new_state(2))
-    state = model.new_state(2)
-    pieces, start = [], 0
-    for size in (7, 64, 1, 50, 28):
-        pieces.append(model.forward(ids[:, start : start + size], state))
-        start += size
-    assert_logits_close(torch.cat(pieces, dim=1), whole)
-
-
-def test_state_bytes_do_not_grow(model):
-    """10 and 10,000 tokens leave states of the same size: layers x (fp32 N x N per head + 2 C shifts)."""
-    sizes = []
-    for length in (10, 10_000):
-        state = model.new_state(1)
-        model.prefill(random_ids(1, length, seed=7), state)
-        sizes.append(state.nbytes)
-        assert all(layer.matrix.dtype == torch.float32 for layer in state.layers)
-    cfg = model.cfg
-    assert sizes[0] == sizes[1] == cfg.num_layers * (cfg.num_heads * cfg.head_size**2 * 4 + 2 * cfg.hidden_size * 4)
-
-
-def test_snapshot_restore_reset_save_load(model, tmp_path):
-    prefix, rest = random_ids(1, 40, seed=8), random_ids(1, 30, seed=9)
-    state = model.new_state(1)
-    model.prefill(prefix, state)
-    snapshot = state.snapshot()
-    first = model.forward(rest, state)
-    state.restore(snapshot)
-    assert torch.equal(model.forward(rest, state), first)
-
-    state.restore(snapshot)
-    state.save(tmp_path / "state.safetensors")
-    loaded = model.new_state(1)
-    loaded.load(tmp_path / "state.safetensors")
-    assert loaded.position == 40
-    assert torch.equal(model.forward(rest, loaded), first)
-
-    state.reset()
-    assert torch.equal(model.forward(rest, state), model.forward(rest, model.new_state(1)))
-
-
-def test_batch_restore_from_a_batch_one_snapshot(model):
-    state = model.new_state(1)
-    model.prefill(random_ids(1, 20, seed=10), state)
-    batch = model.new_state(3)
-    batch.restore(state.snapshot())
-    rows = random_ids(3, 9, seed=11)
-    got = model.forward(rows, batch)
-    for row in range(3):
-        single = model.new_state(1)
-        single.restore(state.snapshot())
-        assert_logits_close(got[row : row + 1], model.forward(rows[row : row + 1], single))
-
-
-# -- diagnostics ----------------------------------------------------------------------------
-
-
-def test_diagnostics_on_every_layer(model):
-    reports = []
-    model.listener = reports.append
-    try:
-        state = model.new_state(2)
-        model.prefill(random_ids(2, 100, seed=12), state)
-        model.decode(torch.tensor([1, 2]), state)
-    finally:
-        model.listener = None
-    assert [(r.phase, r.sequence, r.tokens) for r in reports] == [("prefill", 0, 100), ("prefill", 1, 100),
-                                                                  ("decode", 0, 1), ("decode", 1, 1)]
-    for report in reports:
-        assert [layer.layer for layer in report.layers] == [0, 1, 2]
-        assert report.state_bytes == state.nbytes // 2
-        for layer in report.layers:
-            assert layer.kind == "recurrent" and layer.kv_tokens is None
-            assert math.isfinite(layer.state_norm) and layer.state_norm > 0
-            assert math.isfinite(layer.delta_norm) and layer.delta_norm > 0
-            assert math.exp(LOG_DECAY_MIN) < layer.gate_mean < 1
-
-
-def test_nan_in_a_state_names_the_layer(model):
-    state = model.new_state(1)
-    state.layers[1].matrix[0, 0, 0, 0] = float("nan")
-    with pytest.raises(NonFiniteStateError, match="layer 1"):
-        model.prefill(random_ids(1, 5), state)
-
-
 # -- loading ------------------------------------------------------------------------------------
 
 
@@ -250,15 +142,6 @@ def test_hugging_face_layout_gives_the_same_logits(tmp_path):
     assert hf_model.cfg == model.cfg
     ids = random_ids(1, 70, seed=13)
     assert_logits_close(hf_model.forward(ids, hf_model.new_state(1)), model.forward(ids, model.new_state(1)), rel=1e-6)
-
-
-def test_bfloat16_weights_keep_an_fp32_state(checkpoint, model):
-    bf16 = load_model(checkpoint, device="cpu", dtype=torch.bfloat16)
-    state = bf16.new_state(1)
-    ids = random_ids(1, 40, seed=14)
-    logits = bf16.forward(ids, state)
-    assert bf16.dtype == torch.bfloat16 and all(layer.matrix.dtype == torch.float32 for layer in state.layers)
-    assert_logits_close(logits, model.forward(ids, model.new_state(1)), rel=0.1)
 
 
 def test_unknown_tensors_and_bad_files_are_refused(tmp_path):
@@ -337,38 +220,3 @@ def test_step_op_and_stats_equal_naive():
     assert torch.allclose(chunk_stats.delta_norm, torch.stack(deltas).mean(0), rtol=1e-4)
     assert torch.allclose(chunk_stats.state_norm, want_s.flatten(1).norm(dim=-1), rtol=1e-5)
     assert torch.allclose(chunk_stats.gate_mean, x["log_w"].exp().mean(dim=(1, 2, 3)))
-
-
-# -- the whole pipeline -------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def world_checkpoint(tmp_path_factory) -> Path:
-    """A tiny model over the whole World vocabulary, so the real tokenizer's ids fit."""
-    sizes = TINY | dict(vocab=65536, layers=2)
-    return blinkdl_checkpoint(tmp_path_factory.mktemp("rwkv7-world") / "rwkv7-tiny-world.pth", **sizes)
-
-
-@pytest.mark.parametrize("strategy", ["map-reduce", "stream"])
-def test_pdf_to_summary_with_a_pth(world_checkpoint, tmp_path, strategy):
-    diagnostics = tmp_path / "d.jsonl"
-    pdf = sorted(SAMPLES.glob("*.pdf"))[0]
-    proc = subprocess.run(
-        [sys.executable, "-m", "summarize", str(pdf), "-m", str(world_checkpoint), "-n", "50", "--dtype", "float32",
-         "--strategy", strategy, "--diagnostics-file", str(diagnostics)],
-        capture_output=True, text=True, timeout=600,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "NO_COLOR": "1", "OMP_NUM_THREADS": "1",
-             "SUMMARIZE_CACHE_DIR": os.environ["SUMMARIZE_CACHE_DIR"]},
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "Traceback" not in proc.stderr
-    # a random model's words rarely end a sentence in budget; the pipeline then falls back to an
-    # extractive summary, after the model has read the whole document and written (see below)
-    assert 0 < count_words(proc.stdout) <= 50
-    records = [json.loads(line) for line in diagnostics.read_text().splitlines()]
-    assert {r["phase"] for r in records} == {"prefill", "decode"}
-    assert len(records) % 2 == 0 and [r["layer"] for r in records[:2]] == [0, 1]  # every layer, every span
-    for r in records:
-        assert r["kind"] == "recurrent"
-        assert math.isfinite(r["state_norm"]) and math.isfinite(r["delta_norm"])
-        assert 0 < r["gate_mean"] < 1

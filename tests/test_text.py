@@ -1,7 +1,6 @@
 """Words and sentences: how the summarizer counts and where it cuts."""
 
 import re
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -165,15 +164,27 @@ def test_segmentation_loses_nothing(text):
     assert all(e0 <= s1 for (_, e0), (s1, _) in zip(spans, spans[1:]))
 
 
+class _CountedSlices(str):
+    """A text that counts the characters sliced out of it."""
+
+    sliced = 0
+
+    def __getitem__(self, key):
+        piece = super().__getitem__(key)
+        self.sliced += len(piece)
+        return piece
+
+
 def test_runs_of_terminators_and_initials_split_in_linear_time():
     # Each was quadratic in its length: every start inside "!!!!x" was tried to the end of the
     # run, and every initial sliced the sentence from its start. 100k characters took minutes.
+    # The regex engine's work cannot be counted from Python: its time is in bench/bench_text.py.
     n = 100_000
-    started = time.perf_counter()
     assert split_sentences("!" * n + "x") == ["!" * n + "x"]
-    assert len(split_sentences("J. Smith " * (n // 9))) == 1
+    initials = _CountedSlices("J. Smith " * (n // 9))
+    assert len(split_sentences(initials)) == 1
+    assert initials.sliced <= 3 * len(initials)  # the sentence a few times, not once per initial
     assert split_sentences("Wow!!! " + "?" * n + "x. End.") == ["Wow!!!", "?" * n + "x.", "End."]
-    assert time.perf_counter() - started < 5.0  # well under 0.1 s now; the quadratic forms took minutes
 
 
 # --- split_clauses ---------------------------------------------------------------------------
