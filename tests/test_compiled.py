@@ -6,10 +6,14 @@ different order from torch's GEMM); diagnostics within 1e-4 relative.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
 from summarize.engine import State, compiled, load_model
 from tiny_models import dense_reference, moe_reference, save_checkpoint
@@ -239,12 +243,48 @@ def test_when_steps_are_compiled(models, monkeypatch, env, device, weight_bytes,
     assert compiled.wanted(models[0], torch.device(device), weight_bytes) is expected
 
 
+def torchs_default_cache_folder() -> str:
+    """What importing torch._dynamo writes into TORCHINDUCTOR_CACHE_DIR when it is unset."""
+    return os.path.abspath(default_cache_dir())
+
+
+def test_importing_the_engine_leaves_the_environment_as_it_was(tmp_path):
+    """In a fresh process: nothing of the engine's in os.environ, and no cache folder made. Only
+    torch's own write may show: importing torch._dynamo (a decorator in the models does) sets
+    TORCHINDUCTOR_CACHE_DIR to torch's default."""
+    env = {name: value for name, value in os.environ.items() if name != compiled.CACHE_ENV}
+    env |= {"XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
+    script = ("import json, os; before = dict(os.environ); import summarize.engine; "
+              "print(json.dumps({k: v for k, v in os.environ.items() if before.get(k) != v} "
+              "| {k: None for k in before if k not in os.environ}))")
+    changed = json.loads(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                                        check=True).stdout)
+    assert changed in ({}, {compiled.CACHE_ENV: torchs_default_cache_folder()})
+    assert not (tmp_path / "summarize").exists()
+
+
 def test_built_kernels_are_kept_in_the_users_cache_folder(monkeypatch, tmp_path):
     monkeypatch.delenv(compiled.CACHE_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     compiled.keep_kernels_across_reboots()
     folder = tmp_path / "summarize" / "torchinductor"
     assert folder.is_dir() and os.environ[compiled.CACHE_ENV] == str(folder)
+
+
+def test_torchs_default_cache_folder_counts_as_not_chosen(monkeypatch, tmp_path):
+    monkeypatch.setenv(compiled.CACHE_ENV, torchs_default_cache_folder())  # as importing torch._dynamo leaves it
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    compiled.keep_kernels_across_reboots()
+    assert os.environ[compiled.CACHE_ENV] == str(tmp_path / "summarize" / "torchinductor")
+
+
+def test_a_model_loaded_to_compile_keeps_its_kernels_in_the_users_cache_folder(folder, monkeypatch, tmp_path):
+    monkeypatch.delenv(compiled.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    load_model(folder, device="cpu", dtype=torch.float32, compile=False)
+    assert compiled.CACHE_ENV not in os.environ  # an eager model compiles nothing
+    load_model(folder, device="cpu", dtype=torch.float32, compile=True)
+    assert os.environ[compiled.CACHE_ENV] == str(tmp_path / "summarize" / "torchinductor")
 
 
 def test_a_cache_folder_chosen_by_the_environment_is_kept(monkeypatch, tmp_path):

@@ -4,27 +4,29 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import summarize.engine.ops.linear as linear_module
-from summarize.engine.ops.linear import (
-    AVX2_STREAMED_MAX_ROWS,
-    INT8_PACKED_MAX_ROWS,
-    WEIGHT_FIRST_MAX_ROWS,
-    WEIGHT_FIRST_MIN_ROWS,
-    Projection,
-    linear,
-)
+from summarize.engine.ops import machine
+from summarize.engine.ops.linear import Projection, linear
 
-# either side of each switch between the orders, and rows in more than one dimension
-ROW_COUNTS = [(1,), (2,), (WEIGHT_FIRST_MIN_ROWS - 1,), (WEIGHT_FIRST_MIN_ROWS,), (2, 4), (WEIGHT_FIRST_MAX_ROWS,),
-              (WEIGHT_FIRST_MAX_ROWS + 1,), (4, 9)]
 CPU_KERNELS = ["AVX512", "AVX2"]  # the forms differ by what torch's kernels run with
+POLICIES = {kernels: machine.policy_for(kernels, multiplies_bf16=False, int4_block_rows=machine.POLICY.int4_block_rows)
+            for kernels in CPU_KERNELS}
+AVX512, AVX2 = POLICIES["AVX512"], POLICIES["AVX2"]
+# either side of each switch between the orders, and rows in more than one dimension
+ROW_COUNTS = [(1,), (2,), (AVX512.weight_first_min_rows - 1,), (AVX512.weight_first_min_rows,), (2, 4),
+              (AVX512.weight_first_max_rows,), (AVX512.weight_first_max_rows + 1,), (4, 9)]
+
+
+@pytest.fixture
+def cpu_running(monkeypatch):
+    """Installs the policy of a CPU on which torch runs the given kernels, for the test."""
+    return lambda kernels: monkeypatch.setattr(machine, "POLICY", POLICIES[kernels])
 
 
 @pytest.mark.parametrize("kernels", CPU_KERNELS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", ROW_COUNTS)
-def test_linear_is_x_times_the_weight_transposed(dtype, shape, kernels, monkeypatch):
-    monkeypatch.setattr(linear_module, "CPU_KERNELS", kernels)
+def test_linear_is_x_times_the_weight_transposed(dtype, shape, kernels, cpu_running):
+    cpu_running(kernels)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(*shape, 96, generator=gen).to(dtype)
     weight = torch.randn(200, 96, generator=gen).to(dtype)
@@ -37,10 +39,10 @@ def test_linear_is_x_times_the_weight_transposed(dtype, shape, kernels, monkeypa
 
 @pytest.mark.parametrize("kernels", CPU_KERNELS)
 @pytest.mark.parametrize("dynamic", [False, True])  # a decode step's graph, a verify span's
-@pytest.mark.parametrize("rows", [1, 2, AVX2_STREAMED_MAX_ROWS, AVX2_STREAMED_MAX_ROWS + 1])
-def test_compiled_fp32_linear_is_x_times_the_weight_transposed(rows, dynamic, kernels, monkeypatch):
+@pytest.mark.parametrize("rows", [1, 2, AVX2.streamed_fp32_max_rows, AVX2.streamed_fp32_max_rows + 1])
+def test_compiled_fp32_linear_is_x_times_the_weight_transposed(rows, dynamic, kernels, cpu_running):
     """Inside a compiled step too, whether it streams the weights itself or asks torch's GEMM."""
-    monkeypatch.setattr(linear_module, "CPU_KERNELS", kernels)
+    cpu_running(kernels)
     torch._dynamo.reset()  # graphs built for the other kind of CPU
     gen = torch.Generator().manual_seed(0)
     x, weight = torch.randn(rows, 96, generator=gen), torch.randn(200, 96, generator=gen)
@@ -49,7 +51,7 @@ def test_compiled_fp32_linear_is_x_times_the_weight_transposed(rows, dynamic, ke
 
 
 @pytest.mark.parametrize("dynamic", [False, True])  # a decode step's graph, a verify span's
-@pytest.mark.parametrize("rows", [1, 5, INT8_PACKED_MAX_ROWS, INT8_PACKED_MAX_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, 5, machine.POLICY.int8_packed_max_rows, machine.POLICY.int8_packed_max_rows + 1])
 def test_compiled_int8_projection_equals_its_dequantized_weight_in_fp32(rows, dynamic):
     """Inside a compiled step an fp32 int8 projection widens each weight as it reads it (a few
     rows, a fixed number or a span's) or dequantizes first (more): either is x @ (int8 · scale)ᵀ

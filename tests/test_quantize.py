@@ -23,19 +23,13 @@ from torch._dynamo.utils import counters
 
 from summarize.engine import load_model
 from summarize.engine.compiled import PREFILL_COMPILE_TOKENS
-from summarize.engine.ops.linear import (
-    INT4_GROUP,
-    INT4_KERNEL_MAX_ROWS,
-    INT4_LEVELS,
-    INT8_MAX,
-    WIDEN_BLOCK_ROWS,
-    Projection,
-    dequantize_int4,
-    int4_block_rows,
-    int4_codes,
-)
+from summarize.engine.ops import machine
+from summarize.engine.ops.int4_packing import int4_codes
+from summarize.engine.ops.linear import INT4_GROUP, INT4_LEVELS, INT8_MAX, Projection, dequantize_int4
 from summarize.errors import SummarizeError
 from tiny_models import RWKV6_TINY, RWKV_TINY, blinkdl_checkpoint, dense_reference, rwkv6_checkpoint, save_checkpoint
+
+INT4_KERNEL_MAX_ROWS = machine.POLICY.int4_kernel_max_rows  # int4's switch of kernels on this CPU
 
 VOCAB = 384
 
@@ -62,7 +56,7 @@ def test_int8_weights_are_within_half_a_step_of_the_original():
 
 
 @pytest.mark.parametrize("rows", [1, 3, 40])  # a few rows (widened in blocks, in fp32) and dequantize-then-GEMM
-@pytest.mark.parametrize("outputs", [96, WIDEN_BLOCK_ROWS * 2 + 76])  # one block, and three
+@pytest.mark.parametrize("outputs", [96, machine.POLICY.widen_block_rows * 2 + 76])  # one block, and three
 def test_int8_projection_computes_with_its_dequantized_weight(rows, outputs):
     projection = Projection(torch.randn(outputs, 64))
     projection.quantize_int8()
@@ -141,10 +135,11 @@ def int4_projection(rows: int = 192, columns: int = 256) -> tuple[Projection, to
 def test_int4_codes_read_back_as_torch_packed_them_whatever_block_this_cpu_uses():
     codes = torch.randint(0, INT4_LEVELS + 1, (256, 128), dtype=torch.int32)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-    assert int4_block_rows() in (32, 64)  # AVX2, AVX-512
-    assert torch.equal(int4_codes(packed), codes.to(torch.uint8))
+    block_rows = machine.POLICY.int4_block_rows
+    assert block_rows in (32, 64)  # AVX2, AVX-512
+    assert torch.equal(int4_codes(packed, block_rows), codes.to(torch.uint8))
     ids = torch.tensor([0, 17, 31, 32, 63, 64, 200, 255])
-    assert torch.equal(int4_codes(packed, ids), codes[ids].to(torch.uint8))
+    assert torch.equal(int4_codes(packed, block_rows, ids), codes[ids].to(torch.uint8))
 
 
 def test_int4_weights_are_within_half_a_step_of_the_original():

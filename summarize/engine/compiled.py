@@ -30,9 +30,10 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
 from summarize.engine.model import Steps
-from summarize.engine.ops.linear import INT4_KERNEL_MAX_ROWS
+from summarize.engine.ops import machine
 from summarize.errors import first_line
 from summarize.files import user_cache_folder
 
@@ -40,15 +41,15 @@ ENV = "SUMMARIZE_COMPILE"  # "0": never compile, "1": always (where the device a
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # where inductor keeps the kernels it built
 ISA_CHECK_ENV = "TORCHINDUCTOR_VEC_ISA_OK"  # set: inductor's own choice about probing the CPU's vector ISAs
 MIN_WEIGHT_BYTES = 200 * 2**20  # below this, compiling takes longer than it saves
-# Tokens of the prefill warm-up: more rows than any projection switches kernels at (int4's, the
-# largest), so that the graph it builds is the one a full block runs, and a length that equals no
-# other dimension (67), so that the graph keeps the length symbolic rather than tying it to a size
-WARM_UP_TOKENS = INT4_KERNEL_MAX_ROWS + 3
+# Tokens of the prefill warm-up past the rows int4 switches kernels at (the largest switch), so that
+# the graph it builds is the one a full block runs; 3 more makes a length that equals no other
+# dimension (67), so that the graph keeps the length symbolic rather than tying it to a size
+WARM_UP_EXTRA_TOKENS = 3
 # A read of this many tokens builds the prefill graphs (a prefill block is at most 1,024 tokens):
 # shorter reads before it run eagerly
 PREFILL_COMPILE_TOKENS = 1024
-# A batch size's first verify passes run eagerly (about 1.5x a decode step where a compiled one
-# is 1.35x), its graphs are compiled at the next: a compile costs 5-14 s
+# A batch size's first verify passes run eagerly (slower than compiled ones, but a compile costs
+# more than a few of them), its graphs are compiled at the next
 EAGER_VERIFIES = 8
 # The shortest span a compiled verify runs: a shorter draft is padded to it. With two tokens and one
 # row, the projections would stream the weights as a decode step does (`ops.linear`), a graph of
@@ -102,9 +103,10 @@ class CompiledSteps(Steps):
         self.prefill_ready = True
 
         def on_scratch():
-            from torch._inductor import inductor_prims  # noqa: F401 - registers the prim `ops.linear` uses (1 s to import)
+            from torch._inductor import inductor_prims  # noqa: F401 - registers the prim `ops.linear` uses (slow to import)
 
-            model.run_layers(torch.zeros(1, WARM_UP_TOKENS, dtype=torch.long, device=model.device), model.new_state(1), True)
+            tokens = machine.POLICY.int4_kernel_max_rows + WARM_UP_EXTRA_TOKENS
+            model.run_layers(torch.zeros(1, tokens, dtype=torch.long, device=model.device), model.new_state(1), True)
 
         self._first_use("prefill", "compiling the prefill step", {"prefill_layer": _layer_step}, on_scratch)
 
@@ -192,6 +194,7 @@ def compile_steps(model, announce: Callable[[str | None], None] | None = None) -
     # One compiled function serves every layer of a kind; variants: kind × batch size ×
     # diagnostics on/off × stacked rows. The default limit (8) would be reached.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    keep_kernels_across_reboots()
     trust_the_cpus_vector_flags()
     steps = CompiledSteps()
     steps.announce = announce
@@ -200,9 +203,9 @@ def compile_steps(model, announce: Callable[[str | None], None] | None = None) -
 
 def trust_the_cpus_vector_flags() -> None:
     """Let inductor take the vector ISAs the CPU reports (/proc/cpuinfo) without proving each one
-    by compiling and loading a probe program: the probes cost a first run ~7 s and every later
-    process ~1 s. Should the compiler fail to build for the ISA after all, each step's first
-    compile fails and it runs eagerly."""
+    by compiling and loading a probe program, which every process would pay for. Should the
+    compiler fail to build for the ISA after all, each step's first compile fails and it runs
+    eagerly."""
     if os.environ.get(ISA_CHECK_ENV) is None:
         torch._inductor.config.cpp.vec_isa_ok = True
 
@@ -211,9 +214,11 @@ def keep_kernels_across_reboots() -> None:
     """Point inductor's on-disk cache at the user's cache folder, unless the environment chose
     one or the folder cannot be made (then torch's default under /tmp serves).
 
-    Takes effect only before torch._dynamo is imported, which sets the variable to its default.
+    Inductor reads the variable each time it opens a cache, so this holds from the next compile on.
+    Importing torch._dynamo writes torch's default folder into it: that value counts as unchosen.
     """
-    if os.environ.get(CACHE_ENV):
+    chosen = os.environ.get(CACHE_ENV)
+    if chosen and chosen != os.path.abspath(default_cache_dir()):
         return
     folder = user_cache_folder() / "torchinductor"
     try:

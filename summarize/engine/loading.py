@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from summarize.engine.models.registry import (
     supported_gguf_archs,
     supported_model_types,
 )
+from summarize.engine.ops import machine
 from summarize.engine.ops.linear import QUANTIZATIONS
 from summarize.engine.tokenizers.gguf import load_gguf_tokenizer
 from summarize.engine.weights.gguf_file import SUFFIX as GGUF_SUFFIX
@@ -50,32 +50,12 @@ def default_device() -> torch.device:
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
-    """bf16 on CUDA and on CPUs with native bf16 matmuls (faster and accurate enough), else fp32."""
+    """bf16 on CUDA; on a CPU the machine policy's (bf16 where the CPU multiplies it, else fp32)."""
     if device.type == "cuda":
         return torch.bfloat16
-    if device.type == "cpu" and cpu_multiplies_bf16():
-        return torch.bfloat16
+    if device.type == "cpu":
+        return machine.POLICY.dtype
     return torch.float32
-
-
-def cpu_multiplies_bf16() -> bool:
-    """Whether this CPU has bf16 multiply instructions: AVX512-BF16 or AMX on x86, BF16 on ARM.
-
-    oneDNN's own check (`_is_mkldnn_bf16_supported`) also says yes on x86 cores with plain AVX-512,
-    where it widens every bf16 value to fp32 in software: there a GEMM of 8 rows by the 0.8B head
-    runs at a fifth of fp32's speed, and a summary takes longer in bf16 than in fp32.
-    """
-    if not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return False
-    if platform.machine().lower() in ("x86_64", "amd64", "x86", "i386", "i686"):
-        return _cpu_reports("avx512_bf16") or _cpu_reports("amx_tile")
-    return True
-
-
-def _cpu_reports(feature: str) -> bool:
-    """torch's own CPU feature check (`torch.cpu._is_<feature>_supported`); False where this torch lacks it."""
-    check = getattr(torch.cpu, f"_is_{feature}_supported", None)
-    return bool(check is not None and check())
 
 
 def resolve_source(source: str | os.PathLike) -> Path:

@@ -30,7 +30,7 @@ def _malloc_trim():
 
 
 def release_free_memory() -> None:
-    """Return the allocator's free pages to the OS (cheap: a few ms); a no-op where unsupported."""
+    """Return the allocator's free pages to the OS (cheap next to a span); a no-op where unsupported."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)

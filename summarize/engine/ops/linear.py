@@ -1,9 +1,10 @@
 """x @ Wᵀ in every form the engine needs: eager, inside a compiled decode step, and int8.
 
+Which form a CPU product takes is the machine policy's (`machine.POLICY`, docs/kernel-policy.md).
 In fp32 on a CPU, compiled or not, `linear` is mostly torch's GEMM, asked in the order that reads the
-weight fastest for the number of rows: x @ Wᵀ for 1 to 3 rows (as fast as one row), W @ xᵀ up to a
-few dozen, x @ Wᵀ for more. Where torch runs AVX2 kernels (no AVX-512), MKL reads a few rows slower:
-there a compiled step of up to 9 rows streams the weights itself, and W @ xᵀ starts at two rows.
+weight fastest for the number of rows: x @ Wᵀ for a few rows, W @ xᵀ up to a few dozen, x @ Wᵀ for
+more. Where MKL reads a few rows slowly (AVX2 kernels), a compiled step of a few rows streams the
+weights itself.
 In bf16, inside `torch.compile`, for one or two input rows, it is a multiply-and-sum over the
 input dimension that inductor turns into one pass over the weight rows: torch's bf16 GEMM is built
 for many rows and reads the weights slowly for one. With more rows, or eagerly, it is torch's GEMM.
@@ -12,14 +13,13 @@ for many rows and reads the weights slowly for one. With more rows, or eagerly, 
 or as int4 with a scale and a zero per group of input channels (weight-only quantization:
 activations stay in the model's dtype). int4 runs on torch's CPU int4 kernel for a few rows, which
 reads half a byte per weight; with many rows it dequantizes and calls the GEMM, which is faster
-there (figures: bench/README.md).
+there.
 `Int8Rows` is the int8 form on its own, as a weight file that is already quantized (GGUF's Q8_0)
 hands it over.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,43 +28,27 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.fx.experimental.symbolic_shapes import has_static_value
 
+from summarize.engine.ops import machine
+from summarize.engine.ops.int4_packing import int4_codes
+
 INT8_MAX = 127
 # Up to this many input rows a compiled step in bf16 (or on a GPU) streams the weights itself; with
 # more, the per-row work makes the loop compute-bound and torch's GEMM wins.
 STREAMED_MAX_ROWS = 2
-# In fp32 on a CPU whose kernels torch runs with AVX-512, torch's GEMM (MKL) reads a weight as fast
-# for 3 rows as for 1 when asked for x @ Wᵀ (a 2-core Xeon: 22-24 GB/s, where a streamed loop reads
-# 13-18); from 4 rows that form drops to 7-12 GB/s, and W @ xᵀ, the weight first, holds 12-14 up to
-# a few dozen rows (the 0.8B head at 9 rows: 82 against 144 ms); at 72 rows x @ Wᵀ wins again.
-WEIGHT_FIRST_MIN_ROWS = 4
-WEIGHT_FIRST_MAX_ROWS = 32
-# With AVX2 kernels (no AVX-512) it is otherwise (a 2-core AMD EPYC, Zen 3, 0.8B's MLP matrix):
-# MKL's x @ Wᵀ reads 14-15 GB/s at one row and 6-8 at 2 to 9 rows, W @ xᵀ 14-19 at 2 to 4 rows;
-# a compiled streamed loop reads 18-23 GB/s at 1 to 4 rows and 13-15 at 9, then falls behind
-# (8-9 at 12 rows, 4 at 16). So there W @ xᵀ from two rows, and compiled steps of up to this many
-# rows stream the weights themselves (a 0.8B decode step: 208-228 → 143-155 ms at one row).
-AVX2_WEIGHT_FIRST_MIN_ROWS = 2
-AVX2_STREAMED_MAX_ROWS = 9
-CPU_KERNELS = torch.backends.cpu.get_cpu_capability()  # "AVX512", "AVX2", ...: what torch runs here
-INT8_PACKED_MAX_ROWS = 16  # up to this many input rows, int8 reads its weight in one pass (linear_int8)
-WIDEN_BLOCK_ROWS = 512  # int8 rows widened to fp32 at a time by an eager fp32 product: 2 MB, in cache
 QUANTIZE_BLOCK_ROWS = 8192  # rows quantized at a time: bounded fp32 temporaries
 INT4_LEVELS = 15  # codes 0..15, read as (code - 8) · scale + zero by torch's kernel
 INT4_GROUP = 64  # input channels per scale and zero (torch's kernel takes 32, 64, 128 or 256)
-# Up to this many input rows the int4 kernel; with more (prefill), dequantize and GEMM. The kernel's
-# time grows with the rows (0.8B's MLP matrix, 2 threads: 2 ms at 8 rows, 31 at 128); dequantizing
-# costs about a 1,000-row GEMM's time, so past a few dozen rows it wins.
-INT4_KERNEL_MAX_ROWS = 64
 
 
 def linear(x: Tensor, weight: Tensor) -> Tensor:
     """x [..., K] times weight [N, K] transposed → [..., N] in x's dtype, accumulated in fp32."""
     rows = x.numel() // x.shape[-1]
     if x.dtype == torch.float32 and x.device.type == "cpu":
-        avx2 = CPU_KERNELS == "AVX2"
-        if avx2 and torch.compiler.is_compiling() and has_static_value(rows) and rows <= AVX2_STREAMED_MAX_ROWS:
+        policy = machine.POLICY
+        streams = policy.streamed_fp32_max_rows
+        if streams and torch.compiler.is_compiling() and has_static_value(rows) and rows <= streams:
             return _streamed(x, weight)
-        if (AVX2_WEIGHT_FIRST_MIN_ROWS if avx2 else WEIGHT_FIRST_MIN_ROWS) <= rows <= WEIGHT_FIRST_MAX_ROWS:
+        if policy.weight_first_min_rows <= rows <= policy.weight_first_max_rows:
             return torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t().reshape(*x.shape[:-1], weight.shape[0])
         return F.linear(x, weight)
     if torch.compiler.is_compiling() and rows <= STREAMED_MAX_ROWS:
@@ -75,22 +59,21 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
 def linear_int8(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     """x [..., K] times (weight int8 [N, K] · scale [N]) transposed → [..., N] in x's dtype.
 
-    On a CPU (figures: a 2-core Xeon without bf16 instructions, 0.8B's MLP matrix):
+    On a CPU:
     - in fp32, eagerly, any number of rows: the weight widened a block of rows at a time, each
-      block's product taken while it is in cache (780 µs at one row; 10 ms at 256 rows, where
-      dequantizing the whole weight first takes 13);
+      block's product taken while it is in cache (faster than dequantizing the whole weight first);
     - in fp32, inside a compiled step, a few rows: a streamed loop that widens each weight as it
-      reads it, as exact as fp32 and memory-bound (179 µs at one row, where torch's int8 kernel
-      takes 2,000 with fp32 rows and 370 with bf16 ones);
-    - in bf16, a few rows, compiled or not: torch's int8 kernel (on a 2-core Xeon with AMX it reads
-      int8 faster than a streamed loop does: a decode step 78-84 → 71-73 ms on the 0.8B shape);
+      reads it, as exact as fp32 and memory-bound (torch's int8 kernel is slow with fp32 rows);
+    - in bf16, a few rows, compiled or not: torch's int8 kernel (with AMX it reads int8 faster
+      than a streamed loop does);
     - otherwise (more rows are compute-bound): dequantize, then GEMM."""
     rows = x.reshape(-1, x.shape[-1])
-    on_cpu, few = x.device.type == "cpu", rows.shape[0] <= INT8_PACKED_MAX_ROWS
+    policy = machine.POLICY
+    on_cpu, few = x.device.type == "cpu", rows.shape[0] <= policy.int8_packed_max_rows
     if on_cpu and x.dtype == torch.float32 and not torch.compiler.is_compiling():
         out = torch.empty(rows.shape[0], weight.shape[0])
-        for start in range(0, weight.shape[0], WIDEN_BLOCK_ROWS):
-            block = slice(start, start + WIDEN_BLOCK_ROWS)
+        for start in range(0, weight.shape[0], policy.widen_block_rows):
+            block = slice(start, start + policy.widen_block_rows)
             torch.mul(F.linear(rows, weight[block].float()), scale[block], out=out[:, block])
         return out.reshape(*x.shape[:-1], weight.shape[0])
     if on_cpu and few and x.dtype == torch.float32:
@@ -104,45 +87,15 @@ def linear_int4(x: Tensor, packed: Tensor, scale_and_zero: Tensor, group: int) -
     """x [..., K] times the int4 weight (`packed` [N, K/2] uint8, `scale_and_zero` [K/group, N, 2]
     bf16) transposed → [..., N] in x's dtype. The kernel reads x in bf16."""
     rows = x.reshape(-1, x.shape[-1])
-    if rows.shape[0] > INT4_KERNEL_MAX_ROWS or x.device.type != "cpu":
+    if rows.shape[0] > machine.POLICY.int4_kernel_max_rows or x.device.type != "cpu":
         return F.linear(x, dequantize_int4(packed, scale_and_zero, group, x.dtype))
     out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16).contiguous(), packed, group, scale_and_zero)
     return out.to(x.dtype).reshape(*x.shape[:-1], packed.shape[0])
 
 
-@functools.cache
-def int4_block_rows() -> int | None:
-    """Rows per block of torch's CPU int4 packing (None: no layout we read, so no int4).
-
-    For each input channel a block holds b/2 bytes whose low nibbles are its rows 0..b/2−1 and high
-    nibbles the rest. b depends on the kernels torch picked for this CPU: 64 with AVX-512, 32 with
-    AVX2. So it is found by packing a pattern and reading it back."""
-    rows = torch.arange(64)
-    codes = torch.stack([rows % 16, rows // 16], dim=1).int()  # every row told apart by its two codes
-    try:
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-    except (RuntimeError, AttributeError):
-        return None
-    return next((b for b in (64, 32, 16) if torch.equal(int4_codes(packed, block_rows=b), codes.to(torch.uint8))), None)
-
-
-def int4_codes(packed: Tensor, ids: Tensor | None = None, block_rows: int | None = None) -> Tensor:
-    """The codes 0..15 of the rows `ids` [n] (all rows when None) of a packed int4 weight → [n, K] uint8."""
-    N, K = packed.shape[0], packed.shape[1] * 2
-    b = block_rows or int4_block_rows()
-    blocks = packed.view(N // b, K, b // 2)
-    if ids is None:
-        codes = torch.cat([blocks & 0xF, blocks >> 4], dim=2)  # [N/b, K, b]: rows 0..b−1 of each block
-        return codes.transpose(1, 2).reshape(N, K)
-    within = ids % b
-    bytes_ = blocks[ids // b, :, within % (b // 2)]  # [n, K]
-    high = (within >= b // 2)[:, None]
-    return torch.where(high, bytes_ >> 4, bytes_ & 0xF)
-
-
 def dequantize_int4(packed: Tensor, scale_and_zero: Tensor, group: int, dtype: torch.dtype, ids: Tensor | None = None) -> Tensor:
     """The weight's rows `ids` (all when None) as [n, K] in `dtype`: (code − 8) · scale + zero per group."""
-    codes = int4_codes(packed, ids)
+    codes = int4_codes(packed, machine.POLICY.int4_block_rows, ids)
     n, K = codes.shape
     pairs = scale_and_zero if ids is None else scale_and_zero[:, ids]  # [K/group, n, 2]
     scale, zero = pairs[..., 0].t()[..., None], pairs[..., 1].t()[..., None]  # [n, K/group, 1]
@@ -275,7 +228,7 @@ class Projection(nn.Module):
             return self.scale_and_zero is not None
         if self.weight.device.type != "cpu" or K % group:
             return False
-        block_rows = int4_block_rows()
+        block_rows = machine.POLICY.int4_block_rows
         if block_rows is None or N % block_rows:
             return False
         packed = torch.empty(N, K // 2, dtype=torch.uint8)

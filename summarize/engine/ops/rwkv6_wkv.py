@@ -29,7 +29,7 @@ t's sub-chunk (r's side: from the pivot to t; k's side: from s to the pivot, the
 sub-chunk times the sub-chunks between): every exponent is <= 0 and every factor lies in [0, 1].
 Inside a sub-chunk (the diagonal blocks, the bonus on their diagonal) the split is at the same
 pivot but taken in fp64, whose range (e^±709) holds 16 tokens of decays floored at e^-40 both ways;
-fla takes these 16 x 16 pairs element-wise instead, which made the whole op about four times slower
+fla takes these 16 x 16 pairs element-wise instead, which made the whole op several times slower
 on a CPU for the same result. Each sum of log decays is added up directly (or in fp64), never as the
 difference of two fp32 running sums, which would lose a small decay next to a large one: the
 result is as exact as the token-by-token loop.
@@ -54,10 +54,8 @@ from summarize.engine.state import Recurrence
 __all__ = ["RWKV6_WKV", "chunk_rwkv6", "naive_recurrent_rwkv6", "recurrent_step_rwkv6", "rwkv6_wkv", "verify_rwkv6"]
 
 SUB_CHUNK = 16  # tokens whose pairwise decays are split in fp64: 16 x LOG_DECAY_FLOOR stays within e^±709
-# Tokens per step of the loop over the carried state, a multiple of SUB_CHUNK. Measured on a CPU
-# (80 heads of 64, 2,048 tokens, one thread, best of 3): 16 tokens ~4,300 tok/s, 32 up to as many,
-# 64 ~1,500 (the blocks between sub-chunks cost more than the fewer steps save); one token at a
-# time ~2,500.
+# Tokens per step of the loop over the carried state, a multiple of SUB_CHUNK: the fastest on a CPU
+# (with 64 the blocks between sub-chunks cost more than the fewer steps save; docs/kernel-policy.md)
 DEFAULT_CHUNK_SIZE = 16
 # A decay below e^-40 per token counts as e^-40: what it multiplies shrinks by 4e-18 or more either
 # way, far below fp32's precision, and the sums stay finite (w = 0 would give log_w = -inf, and

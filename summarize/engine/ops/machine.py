@@ -1,0 +1,80 @@
+"""The machine policy: which kernel each CPU dispatch takes on this CPU, in one record.
+
+`POLICY` is built once per process from what torch reports about the CPU (the vector kernels it
+runs, whether the CPU multiplies bf16 in hardware, the block of its int4 packing). The ops and the
+loader read its fields and never test the CPU themselves; a test installs another record in its
+place, and so could a calibration that measures the machine. Each field, what it decides and the
+measurements behind it: docs/kernel-policy.md.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+
+import torch
+
+from summarize.engine.ops.int4_packing import packing_block_rows
+
+X86 = ("x86_64", "amd64", "x86", "i386", "i686")  # platform.machine() of an x86 CPU
+
+
+@dataclass(frozen=True)
+class CpuPolicy:
+    """What each dispatch on this CPU takes (row counts are a product's input rows)."""
+
+    dtype: torch.dtype  # what a model loads in on the CPU when none is asked for
+    # fp32 products of this many rows ask torch's GEMM for W @ xᵀ, the weight first; others x @ Wᵀ
+    weight_first_min_rows: int
+    weight_first_max_rows: int
+    streamed_fp32_max_rows: int  # a compiled fp32 step of up to this many rows streams the weights itself (0: never)
+    int8_packed_max_rows: int  # up to this many rows an int8 product reads its weight in one pass
+    widen_block_rows: int  # int8 rows widened to fp32 at a time by an eager fp32 product: a block that stays in cache
+    int4_kernel_max_rows: int  # up to this many rows torch's int4 kernel; more: dequantize, then GEMM
+    int4_block_rows: int | None  # rows per block of torch's int4 packing here (None: no int4)
+    chunk_token_heads: int  # token × head rows per block of the chunked recurrences
+
+
+def policy_for(kernels: str, multiplies_bf16: bool, int4_block_rows: int | None) -> CpuPolicy:
+    """The policy of a CPU on which torch runs `kernels` ("AVX512", "AVX2", ...: what
+    `torch.backends.cpu.get_cpu_capability()` says), given its bf16 and int4 facts."""
+    avx2 = kernels == "AVX2"  # AVX2 kernels (no AVX-512): MKL reads a few fp32 rows slowly
+    return CpuPolicy(
+        dtype=torch.bfloat16 if multiplies_bf16 else torch.float32,
+        weight_first_min_rows=2 if avx2 else 4,
+        weight_first_max_rows=32,
+        streamed_fp32_max_rows=9 if avx2 else 0,
+        int8_packed_max_rows=16,
+        widen_block_rows=512,
+        int4_kernel_max_rows=64,
+        int4_block_rows=int4_block_rows,
+        chunk_token_heads=2048,
+    )
+
+
+def this_cpu() -> CpuPolicy:
+    """The policy of the CPU this process runs on, from what torch reports about it."""
+    return policy_for(torch.backends.cpu.get_cpu_capability(), cpu_multiplies_bf16(), packing_block_rows())
+
+
+def cpu_multiplies_bf16() -> bool:
+    """Whether this CPU has bf16 multiply instructions: AVX512-BF16 or AMX on x86, BF16 on ARM.
+
+    oneDNN's own check (`_is_mkldnn_bf16_supported`) also says yes on x86 cores with plain AVX-512,
+    where it widens every bf16 value to fp32 in software, slower than fp32 itself.
+    """
+    if not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return False
+    if platform.machine().lower() in X86:
+        return _cpu_reports("avx512_bf16") or _cpu_reports("amx_tile")
+    return True
+
+
+def _cpu_reports(feature: str) -> bool:
+    """torch's own CPU feature check (`torch.cpu._is_<feature>_supported`); False where this torch lacks it."""
+    check = getattr(torch.cpu, f"_is_{feature}_supported", None)
+    return bool(check is not None and check())
+
+
+# Read as `machine.POLICY` (not imported by name), so that one replaced here is the one every dispatch reads
+POLICY = this_cpu()
