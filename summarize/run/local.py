@@ -77,7 +77,7 @@ def run(
         else:
             outcomes = _summarize_all(summarizer, [(text, job.label) for _, job, text, _ in pending])
         for (index, job, _, start), outcome in zip(pending, outcomes):
-            finish(index, job, written_result(job, outcome, settings, ui=ui, start=start))
+            finish(index, job, written_result(job, outcome, settings, ui=ui, start=start, force=force))
         pending.clear()
 
     try:
