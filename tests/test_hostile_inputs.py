@@ -3,7 +3,13 @@ and every refusal is one line with the documented exit code."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import random
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,3 +111,98 @@ def test_a_users_own_summary_md_among_the_inputs_is_neither_read_nor_replaced(tr
     assert not (tree / "a.summary.summary.md").exists()  # not taken for a document either
     rerun = invoke(".", "-o", ".", "--extractive", "-n", "20")  # its own outputs are skipped as inputs
     assert rerun.exit_code == 1 and len(error_lines(rerun.stderr)) == 1
+
+
+def _varied_text(sentences: int, seed: int = 0) -> str:
+    """Sentences of different words, so that an extractive summary has many to pick from."""
+    rng = random.Random(seed)
+    vocabulary = ("bees rivers lights harbour pollen nectar towns fields trade ships keepers storms "
+                  "crops valleys bridges markets winter summer stone timber").split()
+    return " ".join(" ".join(rng.choice(vocabulary) for _ in range(rng.randint(6, 14))).capitalize() + "."
+                    for _ in range(sentences))
+
+
+# --- 2. every byte of stdout lands, or the run fails ------------------------------------------
+
+
+class _ShortWrites:
+    """A text stream without a file descriptor that takes at most `most` characters a write
+    (0: none at all, as a full device would)."""
+
+    def __init__(self, most: int) -> None:
+        self.most, self.taken = most, []
+
+    def write(self, text: str) -> int:
+        self.taken.append(text[: self.most])
+        return len(self.taken[-1])
+
+    def flush(self) -> None:
+        pass
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("fileno")
+
+
+def _run_to(stdout, *inputs: Path, json_lines: bool = False):
+    from summarize.run import local
+    from summarize.run.plan import plan_jobs
+    from summarize.settings import Settings
+    from summarize.ui.terminal import QuietUI
+
+    plan = plan_jobs([str(p) for p in inputs])
+    return local.run(plan, Settings(words=30, extractive=True), ui=QuietUI(), json_lines=json_lines, stdout=stdout)
+
+
+@pytest.mark.parametrize("most", [1, 7, 4096])
+@pytest.mark.parametrize("json_lines", [False, True])
+def test_short_writes_to_a_stream_are_completed(tmp_path: Path, most: int, json_lines: bool):
+    paths = []
+    for i, scale in enumerate((1, 5, 20)):
+        paths.append(tmp_path / f"doc{i}.txt")
+        paths[-1].write_text(TEXT * scale)
+    full, short = io.StringIO(), _ShortWrites(most)
+    _run_to(full, *paths, json_lines=json_lines)
+    _run_to(short, *paths, json_lines=json_lines)
+    if json_lines:  # the seconds differ between the runs
+        assert [json.loads(line)["summary"] for line in "".join(short.taken).splitlines()] == \
+               [json.loads(line)["summary"] for line in full.getvalue().splitlines()]
+    else:
+        assert "".join(short.taken) == full.getvalue()
+
+
+def test_a_stream_that_takes_nothing_fails_the_run(tmp_path: Path):
+    from summarize.run.local import StdoutError
+
+    (tmp_path / "a.txt").write_text(TEXT)
+    with pytest.raises(StdoutError):
+        _run_to(_ShortWrites(0), tmp_path / "a.txt")
+
+
+def _limited_run(tmp_path: Path, limit: int, args: list[str], env: dict[str, str]) -> tuple[int, str, bytes]:
+    """summarize with stdout on a regular file that may not grow past `limit` bytes (RLIMIT_FSIZE:
+    the first write across it is cut short, the next fails with EFBIG, as on a nearly full disk)."""
+    out = tmp_path / f"stdout-{limit}-{len(env)}-{len(args)}"
+
+    def limit_file_size() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    with open(out, "wb") as stdout:
+        proc = subprocess.run([sys.executable, "-m", "summarize", *args], stdout=stdout, stderr=subprocess.PIPE,
+                              env={**os.environ, **env}, preexec_fn=limit_file_size, timeout=120)
+    return proc.returncode, proc.stderr.decode(), out.read_bytes()
+
+
+@pytest.mark.parametrize("env", [{"PYTHONUNBUFFERED": "1"}, {}], ids=["unbuffered", "buffered"])
+@pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["text", "json"])
+def test_a_full_disk_under_stdout_fails_with_one_line(tmp_path: Path, env: dict, json_flag: list[str]):
+    doc = tmp_path / "long.txt"
+    doc.write_text(_varied_text(800))
+    args = [str(doc), "--extractive", "-n", "1500", "--no-cache", *json_flag]
+    code, stderr, written = _limited_run(tmp_path, 10**7, args, env)
+    assert code == 0 and len(written) > 8192, stderr
+    for limit in (len(written) // 2, 4096):
+        code, stderr, cut = _limited_run(tmp_path, limit, args, env)
+        assert code == 1, (limit, stderr)
+        (line,) = error_lines(stderr)
+        assert "standard output" in line
+        assert written.startswith(cut) and len(cut) <= limit

@@ -12,6 +12,7 @@ asked-for one unless the model fell back; they are read by the same rule.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -42,17 +43,43 @@ def print_summary(out: TextIO, job: Job, result: Result, *, header: bool, first:
     """`result`'s summary text on `out`, under a `==> name <==` header when `header`."""
     summary = result.summary
     assert summary is not None
-    if header:
-        out.write(("" if first else "\n") + f"==> {printable(job.label)} <==\n")
-    out.write(summary.text.rstrip("\n") + "\n")
-    out.flush()
+    head = (("" if first else "\n") + f"==> {printable(job.label)} <==\n") if header else ""
+    write_all(out, head + summary.text.rstrip("\n") + "\n")
 
 
 def print_record(out: TextIO, job: Job, result: Result) -> None:
     """`result` as one JSON line on `out`, whatever became of the input."""
     line = json.dumps(_record(job, result), ensure_ascii=False)
-    out.write(_RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", line) + "\n")
-    out.flush()
+    write_all(out, _RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", line) + "\n")
+
+
+def write_all(out: TextIO, text: str) -> None:
+    """Write all of `text` to `out`, or raise OSError. An unbuffered text stream (PYTHONUNBUFFERED)
+    drops what a short write left over, so a stream with a file descriptor gets the encoded bytes
+    through os.write until every byte is taken; another stream is written until it has taken
+    every character."""
+    try:
+        fd = out.fileno()
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation: no descriptor behind it
+        fd = None
+    if fd is None:
+        rest = text
+        while rest:
+            taken = out.write(rest)
+            if taken is None or taken >= len(rest):
+                break
+            if taken <= 0:
+                raise OSError(errno.EIO, "a write took nothing")
+            rest = rest[taken:]
+        out.flush()
+        return
+    out.flush()  # what the stream holds goes first
+    data = memoryview(text.encode(out.encoding or "utf-8", out.errors or "strict"))
+    while data:
+        taken = os.write(fd, data)
+        if taken <= 0:
+            raise OSError(errno.EIO, "a write took nothing")
+        data = data[taken:]
 
 
 def _record(job: Job, result: Result) -> dict:
