@@ -408,6 +408,9 @@ def _run(inputs: list[str], output: str | None, settings: Settings, ui: Reporter
             except SummarizeError as exc:
                 ui.error(str(exc))
                 return EXIT_USAGE
+            if plan.clashes:
+                ui.error(plan.clashes[0])
+                return EXIT_USAGE
             if on_cluster is None:
                 results = local.run(plan, settings, ui=ui, force=force, json_lines=json_lines)
             else:

@@ -206,3 +206,62 @@ def test_a_full_disk_under_stdout_fails_with_one_line(tmp_path: Path, env: dict,
         (line,) = error_lines(stderr)
         assert "standard output" in line
         assert written.startswith(cut) and len(cut) <= limit
+
+
+# --- 10. outputs that cannot be written are found before any work ----------------------------
+
+
+@pytest.fixture
+def nothing_read(monkeypatch):
+    """Fails the test if any input is read."""
+    from summarize.run import local
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("an input was read")
+
+    monkeypatch.setattr(local, "extract_text", refuse)
+
+
+@pytest.mark.parametrize("names", [("a/r.txt", "b/r.txt"), ("x/notes.md", "y/notes.md", "z/other.pdf"),
+                                   ("one/deep/p.pdf", "two/deep/p.pdf")])
+def test_two_inputs_with_one_output_are_a_usage_error(tree: Path, names, nothing_read):
+    for name in names:
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text(TEXT)
+    args = [str(Path(name).parent) if "deep" in name else name for name in names]
+    result = invoke(*args, "-o", "out", "--extractive")
+    assert result.exit_code == 2, result.output
+    (line,) = error_lines(result.stderr)
+    assert "would both be" in line
+    assert not (tree / "out").exists()
+
+
+@pytest.mark.parametrize("output", ["a.txt/x.md", "a.txt/deeper/", "b.md/"])
+def test_an_output_under_a_file_is_a_usage_error(tree: Path, output: str, nothing_read):
+    result = invoke("a.txt", "sub", "-o", output, "--extractive")
+    assert result.exit_code == 2, result.output
+    (line,) = error_lines(result.stderr)
+    assert "folder" in line and output.split("/")[0] in line
+
+
+@pytest.mark.parametrize("read_only", [True, False], ids=["read-only", "no-permission"])
+@pytest.mark.parametrize("output", ["locked/x.md", "locked/new/deeper/", "locked/"])
+def test_an_unwritable_output_folder_is_a_usage_error(tree: Path, monkeypatch, output: str, read_only: bool,
+                                                      nothing_read):
+    from summarize.run import plan
+
+    (tree / "locked").mkdir()
+    locked = tree / "locked"
+    real_access, real_statvfs = os.access, os.statvfs
+    monkeypatch.setattr(plan.os, "access", lambda p, mode: Path(p).absolute() != locked and real_access(p, mode))
+
+    class _Flags:
+        def __init__(self, p):
+            self.f_flag = real_statvfs(p).f_flag | (os.ST_RDONLY if read_only and Path(p).absolute() == locked else 0)
+
+    monkeypatch.setattr(plan.os, "statvfs", _Flags)
+    result = invoke("a.txt", "-o", output, "--extractive")
+    assert result.exit_code == 2, result.output
+    (line,) = error_lines(result.stderr)
+    assert ("read-only file system" if read_only else "permission denied") in line
+    assert list(locked.iterdir()) == []
