@@ -48,6 +48,7 @@ from summarize.settings import (
     Settings,
     parse_size,
 )
+from summarize.summarizers.factory import missing_model_path
 from summarize.ui.escape import printable
 from summarize.ui.reporter import Reporter
 from summarize.ui.terminal import QuietUI, RichUI
@@ -150,6 +151,7 @@ plot_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
 @app.command(cls=_SummarizeOrPlot, context_settings=HELP_OPTIONS)
 def summarize(
+    ctx: typer.Context,
     inputs: Annotated[list[str] | None, typer.Argument(
         metavar="INPUT", show_default=False,
         help="PDF, .txt or .md files, folders (searched recursively), or - for stdin.")] = None,
@@ -270,8 +272,15 @@ def summarize(
         typer.echo("error: standard output is closed: nowhere to print the summaries "
                    "(-o writes them to files)", err=True)
         raise typer.Exit(EXIT_USAGE)
+    # only the default model may fall back to an extractive summary; one the user named must be found
+    source = ctx.get_parameter_source("model")  # typer's vendored click: compared by name
+    model_named = source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+    if model_named and not extractive and on_cluster is None:
+        problem = missing_model_path(model)
+        if problem:
+            raise typer.BadParameter(problem.removeprefix(f"-m {model}: ") + f": {model}", param_hint="'-m'")
     settings = Settings(
-        words=words, model=model, device=device, dtype=dtype.value if dtype else None,
+        words=words, model=model, model_fallback=not model_named, device=device, dtype=dtype.value if dtype else None,
         quantize=quantize.value if quantize else None, focus=focus, chunk_tokens=chunk_tokens, overlap=overlap, strategy=strategy.value,
         extractive=extractive, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, speculate=speculate,
         drafts=drafts.value,
@@ -429,6 +438,10 @@ def _run(inputs: list[str], output: str | None, settings: Settings, ui: Reporter
         message, code = _interruption(exc, sigterm)
         ui.error(message)
         return code
+    except local.NamedModelMissing as exc:
+        ui.close()
+        ui.error(str(exc))
+        return EXIT_USAGE
     except local.StdoutError as exc:
         ui.close()
         ui.error(str(exc))

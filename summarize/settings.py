@@ -60,6 +60,7 @@ class Settings:
 
     words: int = DEFAULT_WORDS
     model: str = DEFAULT_MODEL
+    model_fallback: bool = True  # a model that cannot be had gives an extractive summary; False: an error
     device: str | None = None
     dtype: str | None = None
     quantize: str | None = None

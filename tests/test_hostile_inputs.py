@@ -265,3 +265,33 @@ def test_an_unwritable_output_folder_is_a_usage_error(tree: Path, monkeypatch, o
     (line,) = error_lines(result.stderr)
     assert ("read-only file system" if read_only else "permission denied") in line
     assert list(locked.iterdir()) == []
+
+
+# --- 11. a model the user named must be found --------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["/no/such/model", "./missing-folder", "~/nowhere/tiny.gguf", "weights.pth",
+                                   "no_slash_name", "nobody/no-such-model", "nobody/no-such-model:Q4_K_M"])
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_a_named_model_that_cannot_be_had_is_a_usage_error(tree: Path, monkeypatch, model: str, how: str):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args, env = (["-m", model], {}) if how == "option" else ([], {"SUMMARIZE_MODEL": model})
+    result = invoke("a.txt", "b.md", "-n", "20", *args, env=env)
+    assert result.exit_code == 2, result.output
+    (line,) = error_lines(result.stderr)
+    assert model.split(":")[0] in line
+    assert result.stdout == ""
+
+
+def test_only_the_default_model_falls_back(tree: Path, monkeypatch):
+    from summarize.summarizers import session
+
+    def unavailable(*args):
+        from summarize.errors import ModelNotAvailable
+
+        raise ModelNotAvailable("model Qwen/Qwen3.5-0.8B is not available (offline and not in the local cache)")
+
+    monkeypatch.setattr(session, "load_session", unavailable)
+    result = invoke("a.txt", "-n", "20")
+    assert result.exit_code == 0, result.output
+    assert "extractive summary instead" in result.stderr and result.stdout.strip()
