@@ -9,6 +9,7 @@ with the same exit codes; a file named `plot` is summarized as `./plot`.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
@@ -42,7 +43,9 @@ from summarize.settings import (
     DRAFT_SOURCES,
     MAX_CHUNK_TOKENS,
     MAX_OVERLAP_SHARE,
+    MAX_SEED,
     MAX_SPECULATE,
+    MAX_WORDS,
     MIN_CHUNK_TOKENS,
     STRATEGIES,
     Settings,
@@ -124,9 +127,18 @@ def _probability(p: float | None) -> float | None:
 
 
 def _positive(value: float | None) -> float | None:
-    """--ray-cpus: more than 0 (a worker's share sets how many fit on the cluster)."""
+    """--ray-cpus: a finite number more than 0 (a worker's share sets how many fit on the cluster)."""
     if value is not None and not value > 0:
         raise typer.BadParameter(f"{value:g} is not more than 0.")
+    if value is not None and value == math.inf:
+        raise typer.BadParameter(f"{value:g} is not a finite number.")
+    return value
+
+
+def _finite_nonnegative(value: float | None) -> float | None:
+    """--temperature, --ray-gpus: a finite number, 0 or more (inf and nan would reach torch)."""
+    if value is not None and not 0 <= value < math.inf:
+        raise typer.BadParameter(f"{value:g} is not a finite number >= 0.")
     return value
 
 
@@ -156,7 +168,7 @@ def summarize(
         metavar="INPUT", show_default=False,
         help="PDF, .txt or .md files, folders (searched recursively), or - for stdin.")] = None,
     words: Annotated[int, typer.Option(
-        "-n", "--words", min=1, help="Target length in words (a CJK character counts as one).")
+        "-n", "--words", min=1, max=MAX_WORDS, help="Target length in words (a CJK character counts as one).")
     ] = DEFAULT_WORDS,
     model: Annotated[str, typer.Option(
         "-m", "--model", envvar="SUMMARIZE_MODEL",
@@ -198,14 +210,15 @@ def summarize(
         "--diagnostics-file", dir_okay=False, show_default=False,
         help="Write per-layer state diagnostics here as JSON lines.")] = None,
     temperature: Annotated[float | None, typer.Option(
-        min=0.0, show_default=False, help="Sampling temperature; 0 decodes greedily.")] = None,
+        callback=_finite_nonnegative, show_default=False,
+        help="Sampling temperature, a finite number >= 0; 0 decodes greedily.")] = None,
     top_k: Annotated[int | None, typer.Option(
         "--top-k", min=1, show_default=False, help="Sample among the k likeliest tokens.")] = None,
     top_p: Annotated[float | None, typer.Option(
         "--top-p", callback=_probability, show_default=False,
         help="Sample from the smallest token set with this much probability.")] = None,
     seed: Annotated[int | None, typer.Option(
-        show_default=False, help="Random seed, for repeatable sampling.")] = None,
+        min=0, max=MAX_SEED, show_default=False, help="Random seed, for repeatable sampling.")] = None,
     speculate: Annotated[int, typer.Option(
         min=0, max=MAX_SPECULATE, envvar="SUMMARIZE_SPECULATE",
         help="Draft up to N tokens per step from the document and verify them in one pass "
@@ -245,7 +258,7 @@ def summarize(
         "--ray-cpus", callback=_positive, show_default=False,
         help="CPUs each cluster worker reserves (default 1); it holds one model.")] = None,
     ray_gpus: Annotated[float | None, typer.Option(
-        "--ray-gpus", min=0.0, show_default=False,
+        "--ray-gpus", callback=_finite_nonnegative, show_default=False,
         help="GPUs each cluster worker reserves (default 0; 0.5 puts two workers on a GPU).")] = None,
     pull: Annotated[bool, typer.Option(
         "--pull", help="Download the model (-m) into the local cache ahead of time, then exit.")
@@ -371,6 +384,8 @@ def _check_device(text: str) -> None:
     except (RuntimeError, ValueError) as exc:
         raise typer.BadParameter(f"{text!r} is not a device ({DEVICE_KINDS})", param_hint="'--device'") from exc
     if device.type == "cpu":
+        if device.index not in (None, 0):  # torch has one CPU device; cpu:N is taken, then fails later
+            raise typer.BadParameter(f"{text!r}: there is one CPU device, cpu (or cpu:0)", param_hint="'--device'")
         return
     if device.type == "cuda":
         available, count = torch.cuda.is_available(), torch.cuda.device_count()

@@ -13,6 +13,8 @@ from typing import Any
 
 DEFAULT_MODEL = "Qwen/Qwen3.5-0.8B"
 DEFAULT_WORDS = 300
+MAX_WORDS = 100_000  # -n: a summary as long as a 400-page book is the most asked of it
+MAX_SEED = 2**64 - 1  # torch.manual_seed's largest seed
 
 MAP_REDUCE = "map-reduce"  # every chunk read alone from the instruction, the notes merged
 STREAM = "stream"  # one pass, the state carried across the whole document

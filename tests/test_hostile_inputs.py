@@ -295,3 +295,37 @@ def test_only_the_default_model_falls_back(tree: Path, monkeypatch):
     result = invoke("a.txt", "-n", "20")
     assert result.exit_code == 0, result.output
     assert "extractive summary instead" in result.stderr and result.stdout.strip()
+
+
+# --- 6. options are checked before any work ------------------------------------------------------
+
+BAD_OPTIONS = [
+    ("--seed", str(2**64)), ("--seed", str(10**40)), ("--seed", "-1"),
+    ("--temperature", "inf"), ("--temperature", "nan"), ("--temperature", "-0.5"), ("--temperature", "1e999"),
+    ("--top-p", "nan"), ("--top-p", "0"), ("--top-p", "1.5"),
+    ("--top-k", "0"), ("-n", "0"), ("-n", str(10**12)),
+    ("--chunk-tokens", "1"), ("--chunk-tokens", str(2**40)), ("--overlap", "-1"),
+    ("--speculate", "-1"), ("--speculate", "1000"),
+    ("--device", "cpu:99"), ("--device", "cpu:1"), ("--device", "tpu"),
+    ("--batch-memory", "0"), ("--cache-size", "lots"),
+    ("--ray-cpus", "inf"), ("--ray-gpus", "nan"),
+]
+
+
+@pytest.mark.parametrize(("option", "value"), BAD_OPTIONS, ids=[f"{o}={v}" for o, v in BAD_OPTIONS])
+def test_an_option_out_of_range_is_a_usage_error_before_any_work(tree: Path, option: str, value: str, nothing_read):
+    result = invoke("a.txt", option, value)
+    assert result.exit_code == 2, result.output
+    (line,) = error_lines(result.stderr)
+    assert option in line and "unexpected" not in line
+    assert result.stdout == ""
+
+
+def test_the_largest_seed_is_one_torch_takes():
+    import torch
+
+    from summarize.settings import MAX_SEED
+
+    torch.Generator().manual_seed(MAX_SEED)
+    with pytest.raises((RuntimeError, ValueError, OverflowError)):
+        torch.Generator().manual_seed(MAX_SEED + 1)
