@@ -35,6 +35,7 @@ from summarize.settings import (
     DEFAULT_CACHE_SIZE,
     DEFAULT_CHUNK_TOKENS,
     DEFAULT_DRAFTS,
+    DEFAULT_MAX_INPUT_SIZE,
     DEFAULT_MODEL,
     DEFAULT_OVERLAP,
     DEFAULT_SPECULATE,
@@ -49,6 +50,7 @@ from summarize.settings import (
     MIN_CHUNK_TOKENS,
     STRATEGIES,
     Settings,
+    format_size,
     parse_size,
 )
 from summarize.summarizers.factory import missing_model_path
@@ -240,6 +242,10 @@ def summarize(
         "--cache-size", metavar="SIZE", envvar="SUMMARIZE_CACHE_SIZE", show_default=False, callback=_size,
         help=f"At most this much kept in the cache; the least recently used goes first "
              f"(default {DEFAULT_CACHE_SIZE // 2**30}G).")] = None,
+    max_input_size: Annotated[str | None, typer.Option(
+        "--max-input-size", metavar="SIZE", envvar="SUMMARIZE_MAX_INPUT_SIZE", show_default=False, callback=_size,
+        help=f"Read at most this much of one input; a larger one fails alone "
+             f"(default {format_size(DEFAULT_MAX_INPUT_SIZE)}).")] = None,
     password: Annotated[str | None, typer.Option(
         envvar="SUMMARIZE_PASSWORD", show_default=False,
         help="Password for encrypted PDFs; the env var keeps it out of the process list.")
@@ -298,6 +304,7 @@ def summarize(
         extractive=extractive, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, speculate=speculate,
         drafts=drafts.value,
         batch_memory=batch_memory or DEFAULT_BATCH_MEMORY,
+        max_input_size=max_input_size or DEFAULT_MAX_INPUT_SIZE,
         cache=not no_cache, cache_dir=str(cache_dir) if cache_dir else None, cache_size=cache_size or DEFAULT_CACHE_SIZE,
         diagnostics_file=str(diagnostics_file) if diagnostics_file else None,
         password=password, verbose=verbose,

@@ -10,6 +10,7 @@ import random
 import resource
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -329,3 +330,115 @@ def test_the_largest_seed_is_one_torch_takes():
     torch.Generator().manual_seed(MAX_SEED)
     with pytest.raises((RuntimeError, ValueError, OverflowError)):
         torch.Generator().manual_seed(MAX_SEED + 1)
+
+
+# --- 3 and 9. inputs are read within a limit, as streams where they are streams ---------------
+
+
+def _feed_fifo(path: Path, data_blocks) -> threading.Thread:
+    """A named pipe at `path`, written from a thread until the reader goes away."""
+    os.mkfifo(path)
+
+    def write() -> None:
+        try:
+            with open(path, "wb") as f:
+                for block in data_blocks:
+                    f.write(block)
+        except (BrokenPipeError, OSError):
+            pass
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    return thread
+
+
+def _endless(block: bytes, total: int):
+    for _ in range(total // len(block)):
+        yield block
+
+
+@pytest.mark.parametrize(("size", "limit"), [(2 * 2**20, "1M"), (300 * 2**20, "256M"), (20 * 2**30, "1G"),
+                                             (5000, "4K")])
+@pytest.mark.parametrize("name", ["big.txt", "notes.md", "book.pdf", "data"])
+def test_a_file_over_the_size_limit_fails_alone_without_being_read(tree: Path, size: int, limit: str, name: str):
+    with open(tree / name, "wb") as f:  # sparse: nothing is on disk, and reading it all would take long
+        f.truncate(size)
+    result = invoke(name, "a.txt", "--extractive", "-n", "20", "--max-input-size", limit)
+    assert result.exit_code == 1, result.output
+    (line,) = error_lines(result.stderr)
+    assert name in line and "--max-input-size" in line and limit in line
+    assert result.stdout.strip()  # a.txt was summarized
+
+
+@pytest.mark.parametrize("limit", ["64K", "1M"])
+def test_a_stream_over_the_limit_stops_at_the_limit(tree: Path, limit: str):
+    line = b"All work and no play makes a dull day, says the text that never ends.\n"
+    thread = _feed_fifo(tree / "pipe", _endless(line * 1000, 64 * 2**20))
+    result = invoke("pipe", "--extractive", "--max-input-size", limit)
+    assert result.exit_code == 1 and "--max-input-size" in error_lines(result.stderr)[0]
+    stdin = invoke("-", "--extractive", "--max-input-size", limit, input=line * 40000)
+    assert stdin.exit_code == 1 and "--max-input-size" in error_lines(stdin.stderr)[0]
+    thread.join(5)
+
+
+@pytest.mark.parametrize("head", [b"\x7fELF\x02\x01\x01\x00" + bytes(56), b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR",
+                                  b"\x1f\x8b\x08\x00\x00\x00\x00\x00", bytes(range(256)) * 4])
+def test_binary_is_refused_from_its_first_kib_before_the_rest_is_read(tree: Path, head: bytes):
+    thread = _feed_fifo(tree / "stream.txt", [head, *_endless(b"x" * 2**16, 64 * 2**20)])
+    result = invoke("stream.txt", "--extractive", "--max-input-size", "8M")
+    assert result.exit_code == 1
+    assert "binary data" in error_lines(result.stderr)[0]
+    thread.join(5)
+
+
+def test_pipes_fifos_and_dev_stdin_are_read_as_streams(tree: Path):
+    _feed_fifo(tree / "named-pipe", [TEXT.encode()])
+    assert invoke("named-pipe", "--extractive", "-n", "20").stdout.strip()
+    script = f"{sys.executable} -m summarize <(cat a.txt) --extractive -n 20 && " \
+             f"cat b.md | {sys.executable} -m summarize /dev/stdin --extractive -n 20"
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("Bees") == 2 and "empty" not in proc.stderr
+
+
+def test_sockets_and_devices_say_what_they_are(tree: Path):
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(tree / "sock.txt"))
+        result = invoke("sock.txt", "/dev/null", "/dev/zero", "a.txt", "--extractive", "-n", "20")
+    assert result.exit_code == 1
+    lines = error_lines(result.stderr)
+    assert len(lines) == 3 and "a socket" in lines[0]
+    assert all("character device" in line for line in lines[1:])
+
+
+@pytest.mark.parametrize("codec", ["utf-16-le", "utf-16-be"])
+@pytest.mark.parametrize("name", ["u.txt", "u.md", "u"])
+def test_utf16_without_a_bom_is_text(tree: Path, codec: str, name: str):
+    (tree / name).write_bytes(TEXT.encode(codec))
+    result = invoke(name, "--extractive", "-n", "20")
+    assert result.exit_code == 0, result.output
+    assert "Bees" in result.stdout or "Rivers" in result.stdout
+
+
+def test_links_that_lead_nowhere_say_so(tree: Path):
+    os.symlink("loop-b", tree / "loop-a.txt")
+    os.symlink("loop-a.txt", tree / "loop-b")
+    os.symlink("gone/away.pdf", tree / "dangling.pdf")
+    result = invoke("loop-a.txt", "dangling.pdf", "--extractive")
+    lines = error_lines(result.stderr)
+    assert "symbolic link loop" in lines[0]
+    assert "gone/away.pdf" in lines[1] and "does not exist" in lines[1]
+
+
+@pytest.mark.parametrize(("head", "kind"), [(b"\x89PNG\r\n\x1a\n" + bytes(40), "PNG image"),
+                                            (b"\xff\xd8\xff\xe0" + bytes(40), "JPEG image"),
+                                            (b"PK\x03\x04" + bytes(40), "ZIP archive")])
+@pytest.mark.parametrize("name", ["report.pdf", "SCAN.PDF"])
+def test_another_format_named_pdf_says_what_it_is(tree: Path, head: bytes, kind: str, name: str):
+    (tree / name).write_bytes(head)
+    result = invoke(name, "--extractive")
+    (line,) = error_lines(result.stderr)
+    assert kind in line and "not a PDF" in line

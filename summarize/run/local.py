@@ -174,7 +174,8 @@ def _read(job: Job, settings: Settings, *, ui: Reporter, force: bool, start: flo
         settled = settled_before_reading(job, settings, force=force)
         if settled is not None:
             return settled
-        text = extract_text(job.input, password=settings.password, verbose=settings.verbose, notify=ui.note)
+        text = extract_text(job.input, password=settings.password, verbose=settings.verbose, notify=ui.note,
+                            max_bytes=settings.max_input_size)
         return worth_summarizing(text)
     except Exception as exc:  # one input's failure, whatever it is, must not end the run
         return failed_result(job, exc, ui=ui, start=start)
