@@ -442,3 +442,63 @@ def test_another_format_named_pdf_says_what_it_is(tree: Path, head: bytes, kind:
     result = invoke(name, "--extractive")
     (line,) = error_lines(result.stderr)
     assert kind in line and "not a PDF" in line
+
+
+# --- 5. PDF extraction is bounded by work, per page and per document --------------------------
+
+
+def _pdf_with_heavy_pages(pdf_factory, folder: Path, heavy: dict[int, int], shared: bool) -> bytes:
+    """A PDF of five pages of text, where page i (1-based) in `heavy` draws that many bytes of text
+    operators instead (flate-compressed: small on disk); `shared`: the heavy pages share one stream."""
+    from pypdf import PdfWriter
+    from pypdf.generic import DecodedStreamObject, NameObject
+
+    texts = [f"Page {i} tells its story. " + _varied_text(12, seed=i) for i in range(1, 6)]
+    writer = PdfWriter(clone_from=pdf_factory(folder / "plain.pdf", texts))
+    made = {}
+    for number, size in heavy.items():
+        key = size if shared else number
+        if key not in made:
+            ops = b"BT /F1 1 Tf 1 0 0 1 10 10 Tm (a) Tj ET\n"
+            stream = DecodedStreamObject()
+            stream.set_data(ops * (size // len(ops) + 1))
+            made[key] = writer._add_object(stream.flate_encode())
+        writer.pages[number - 1][NameObject("/Contents")] = made[key]
+    out = io.BytesIO()
+    writer.write(out)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(("heavy", "shared"), [({2: 3 << 20}, False), ({1: 2 << 20, 4: 2 << 20}, True),
+                                               ({5: 8 << 20}, False), ({2: 3 << 20, 3: 3 << 20, 4: 3 << 20}, True)])
+def test_a_page_over_the_work_bound_is_skipped_and_named(tree: Path, pdf_factory, heavy, shared):
+    from summarize.inputs.extract import extract_text
+
+    (tree / "heavy.pdf").write_bytes(_pdf_with_heavy_pages(pdf_factory, tree, heavy, shared))
+    notes: list[str] = []
+    text = _within_seconds(60, lambda: extract_text(tree / "heavy.pdf", notify=notes.append))
+    assert [int(note.split("page ")[1].split()[0]) for note in notes] == sorted(heavy)
+    assert all("skipped" in note and "content" in note for note in notes)
+    for page in set(range(1, 6)) - set(heavy):
+        assert f"Page {page} tells" in text
+
+
+def test_the_document_bound_skips_what_is_past_it(tree: Path, pdf_factory, monkeypatch):
+    from summarize.inputs import extract
+
+    monkeypatch.setattr(extract, "MAX_PAGE_CONTENT", 400_000)
+    monkeypatch.setattr(extract, "MAX_DOCUMENT_CONTENT", 700_000)
+    (tree / "many.pdf").write_bytes(_pdf_with_heavy_pages(pdf_factory, tree, {1: 300_000, 2: 300_000, 3: 300_000}, False))
+    notes: list[str] = []
+    text = extract.extract_text(tree / "many.pdf", notify=notes.append)
+    assert len(notes) == 1 and "page 3 skipped" in notes[0] and "document" in notes[0]
+    assert "Page 4 tells" in text and "Page 5 tells" in text
+
+
+def _within_seconds(seconds: float, call):
+    box: list = []
+    thread = threading.Thread(target=lambda: box.append(call()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert box, f"took over {seconds} s"
+    return box[0]

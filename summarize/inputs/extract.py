@@ -20,7 +20,7 @@ from pypdf.errors import DependencyError, EmptyFileError
 
 from summarize.errors import first_line
 from summarize.inputs.read_bytes import ExtractionError, known_kind, looks_like_pdf, read_file, read_input, utf16_without_bom
-from summarize.settings import DEFAULT_MAX_INPUT_SIZE, STDIN, STDIN_LABEL
+from summarize.settings import DEFAULT_MAX_INPUT_SIZE, STDIN, STDIN_LABEL, format_size
 
 __all__ = ["ExtractionError", "SUPPORTED_SUFFIXES", "clean_text", "extract_text", "iter_pdf_pages", "read_input",
            "text_from_bytes"]
@@ -81,7 +81,7 @@ def text_from_bytes(
                 kind = None if looks_like_pdf(data) else known_kind(data)
                 if kind is not None:
                     raise ExtractionError(f"{label}: {kind}, not a PDF")
-                text = _pdf_text(_iter_pages(io.BytesIO(data), label, password), label)
+                text = _pdf_text(_iter_pages(io.BytesIO(data), label, password, notes), label)
             else:
                 decoded = _decode(data, label, notes)
                 if not stdin and Path(source).suffix.lower() in MARKDOWN_SUFFIXES:
@@ -260,10 +260,29 @@ def iter_pdf_pages(path: str | Path, *, password: str | None = None) -> Iterator
     yield from _iter_pages(io.BytesIO(read_file(Path(path), label)), label, password)
 
 
-def _iter_pages(source: BinaryIO, label: str, password: str | None) -> Iterator[str]:
+# pypdf's text extraction costs time in proportion to a page's content stream, and a crafted one
+# costs minutes a megabyte: a page of text takes tens of KB, one of dense vector art a few hundred.
+MAX_PAGE_CONTENT = 1 << 20
+MAX_DOCUMENT_CONTENT = 64 << 20  # 500 pages of 128 KB
+
+
+def _iter_pages(source: BinaryIO, label: str, password: str | None, notes: list[str] | None = None) -> Iterator[str]:
+    """Each page's text; a page over the work bounds yields "" and a note in `notes` saying why."""
     reader = _open_pdf(source, label, password)
+    budget = MAX_DOCUMENT_CONTENT
     for number, page in enumerate(reader.pages, start=1):
         try:
+            content = page.get_contents()
+            size = 0 if content is None else len(content.get_data())
+            if size > min(MAX_PAGE_CONTENT, budget):
+                too_much = (f"its content is {format_size(size)}, over the {format_size(MAX_PAGE_CONTENT)} "
+                            "a page may take" if size > MAX_PAGE_CONTENT else
+                            f"the document's pages have taken the {format_size(MAX_DOCUMENT_CONTENT)} it may take")
+                if notes is not None:
+                    notes.append(f"{label}: page {number} skipped: {too_much}")
+                yield ""
+                continue
+            budget -= size
             text = _page_text(page)
         except Exception as exc:  # pypdf raises many kinds on damaged content streams
             raise ExtractionError(f"{label}: page {number} is damaged ({first_line(exc)[:160]})") from exc
