@@ -502,3 +502,18 @@ def _within_seconds(seconds: float, call):
     thread.join(seconds)
     assert box, f"took over {seconds} s"
     return box[0]
+
+
+# --- 8. furniture removal never empties a page that holds nothing else -----------------------
+
+
+@pytest.mark.parametrize("template", ["Page {n}. Tiny fact {n}.", "Chapter {n}: the river bends here.",
+                                      "{n}. Bees visit flowers in the morning.", "Notice {n} of the council."])
+@pytest.mark.parametrize("pages", [2, 5, 12])
+def test_pages_of_one_templated_line_keep_their_text(tree: Path, pdf_factory, template: str, pages: int):
+    from summarize.inputs.extract import extract_text
+
+    path = pdf_factory(tree / "t.pdf", [template.format(n=n) for n in range(1, pages + 1)])
+    text = extract_text(path)
+    for n in range(1, pages + 1):
+        assert template.format(n=n).rstrip(".") in text

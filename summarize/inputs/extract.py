@@ -488,6 +488,8 @@ def _drop_page_furniture(pages: list[str]) -> None:
                 if not furniture(lines[j], index):
                     break
                 drop.add(j)
+        if len(drop) == len(content):  # never empty a page that holds nothing else: its text is the text
+            drop = {j for j in drop if _is_page_number(_edge_key(lines[j]))}
         if drop:
             pages[index] = "\n".join(line for j, line in enumerate(lines) if j not in drop)
 
