@@ -517,3 +517,27 @@ def test_pages_of_one_templated_line_keep_their_text(tree: Path, pdf_factory, te
     text = extract_text(path)
     for n in range(1, pages + 1):
         assert template.format(n=n).rstrip(".") in text
+
+
+# --- 7. AES-encrypted PDFs read from the documented install ---------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ["AES-128", "AES-256", "AES-256-R5"])
+@pytest.mark.parametrize("user_password", ["", "s3cret"], ids=["permission-only", "password"])
+def test_aes_encrypted_pdfs_read_with_their_password(tree: Path, pdf_factory, algorithm: str, user_password: str):
+    from pypdf import PdfWriter
+
+    from summarize.inputs.extract import extract_text
+
+    writer = PdfWriter(clone_from=pdf_factory(tree / "plain.pdf", [TEXT]))
+    writer.encrypt(user_password=user_password, owner_password="owner-" + algorithm, algorithm=algorithm)
+    writer.write(tree / "locked.pdf")
+    assert "Bees visit flowers" in extract_text(tree / "locked.pdf", password=user_password or None)
+
+
+def test_the_install_brings_what_reads_aes():
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    pypdf = [dep for dep in project["project"]["dependencies"] if dep.startswith("pypdf")]
+    assert pypdf and "crypto" in pypdf[0].split(">")[0]  # pypdf's extra that brings cryptography
