@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from summarize import cli
 from summarize.run.output import HEADER
+from summarize.settings import Settings
 
 TEXT = ("Bees visit flowers to collect nectar and pollen. Pollen sticks to their bodies and travels "
         "to the next flower. Many crops depend on this service for a good harvest. Rivers carry water "
@@ -541,3 +542,28 @@ def test_the_install_brings_what_reads_aes():
     project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     pypdf = [dep for dep in project["project"]["dependencies"] if dep.startswith("pypdf")]
     assert pypdf and "crypto" in pypdf[0].split(">")[0]  # pypdf's extra that brings cryptography
+
+
+# --- 12. the word cap holds for every script -----------------------------------------------------
+
+UNSPACED = {
+    "thai": "ภาษาไทยเป็นภาษาที่ไม่มีการเว้นวรรคระหว่างคำ" * 500,
+    "khmer": "ភាសាខ្មែរមិនដកឃ្លារវាងពាក្យទេ" * 500,
+    "emoji": "😀🐝🌊👍🏽👨‍👩‍👧" * 3000,
+    "one-word": "a" * 2_000_000,
+    "decomposed": "e\u0301" * 50_000,
+}
+
+
+@pytest.mark.parametrize("words", [3, 20, 150])
+@pytest.mark.parametrize("text", UNSPACED.values(), ids=UNSPACED.keys())
+def test_text_without_spaces_comes_back_within_the_cap(text: str, words: int):
+    import unicodedata
+
+    from summarize.summarizers.extractive import MAX_CHARS_PER_WORD, ExtractiveSummarizer
+
+    summary = ExtractiveSummarizer(Settings(words=words, extractive=True)).summarize(text, name="x")
+    assert len(summary.text) <= words * MAX_CHARS_PER_WORD
+    assert summary.text.rstrip("…") and text.startswith(summary.text.rstrip("…"))
+    end = summary.text.rstrip("…")
+    assert not (len(end) < len(text) and unicodedata.combining(text[len(end)]))
