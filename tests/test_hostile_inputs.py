@@ -567,3 +567,21 @@ def test_text_without_spaces_comes_back_within_the_cap(text: str, words: int):
     assert summary.text.rstrip("…") and text.startswith(summary.text.rstrip("…"))
     end = summary.text.rstrip("…")
     assert not (len(end) < len(text) and unicodedata.combining(text[len(end)]))
+
+
+@pytest.mark.parametrize("name", ["diag.jsonl", "sub/d.json", "x"])
+def test_diagnostics_with_an_extractive_summary_says_nothing_is_written(tree: Path, name: str):
+    (tree / "sub").mkdir(exist_ok=True)
+    result = invoke("a.txt", "--extractive", "-n", "20", "--diagnostics-file", name)
+    assert result.exit_code == 0, result.output
+    assert "--diagnostics-file" in result.stderr and "nothing is written" in result.stderr
+    assert not (tree / name).exists()
+
+
+def test_help_is_grouped_and_flags_show_no_type():
+    result = invoke("--help", env={"COLUMNS": "80"})
+    panels = [line for line in result.stdout.splitlines() if line.startswith("╭─ ")]
+    assert len(panels) >= 6
+    for flag in ("--extractive", "--json", "--force", "--no-cache", "--quiet"):
+        (line,) = [line for line in result.stdout.splitlines() if f"{flag} " in line][:1]
+        assert "<bool>" not in line
