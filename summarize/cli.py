@@ -266,7 +266,7 @@ def summarize(
              f"(default {DEFAULT_CACHE_SIZE // 2**30}G).",
         rich_help_panel="Cache")] = None,
     max_input_size: Annotated[str | None, typer.Option(
-        "--max-input-size", metavar="SIZE", envvar="SUMMARIZE_MAX_INPUT_SIZE", show_default=False, callback=_size,
+        "--max-input-size", metavar="SIZE", show_default=False, callback=_size,
         help=f"Read at most this much of one input; a larger one fails alone "
              f"(default {format_size(DEFAULT_MAX_INPUT_SIZE)}).",
         rich_help_panel="Reading")] = None,
