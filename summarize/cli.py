@@ -9,6 +9,7 @@ with the same exit codes; a file named `plot` is summarized as `./plot`.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
@@ -34,6 +35,7 @@ from summarize.settings import (
     DEFAULT_CACHE_SIZE,
     DEFAULT_CHUNK_TOKENS,
     DEFAULT_DRAFTS,
+    DEFAULT_MAX_INPUT_SIZE,
     DEFAULT_MODEL,
     DEFAULT_OVERLAP,
     DEFAULT_SPECULATE,
@@ -42,12 +44,16 @@ from summarize.settings import (
     DRAFT_SOURCES,
     MAX_CHUNK_TOKENS,
     MAX_OVERLAP_SHARE,
+    MAX_SEED,
     MAX_SPECULATE,
+    MAX_WORDS,
     MIN_CHUNK_TOKENS,
     STRATEGIES,
     Settings,
+    format_size,
     parse_size,
 )
+from summarize.summarizers.factory import missing_model_path
 from summarize.ui.escape import printable
 from summarize.ui.reporter import Reporter
 from summarize.ui.terminal import QuietUI, RichUI
@@ -123,9 +129,18 @@ def _probability(p: float | None) -> float | None:
 
 
 def _positive(value: float | None) -> float | None:
-    """--ray-cpus: more than 0 (a worker's share sets how many fit on the cluster)."""
+    """--ray-cpus: a finite number more than 0 (a worker's share sets how many fit on the cluster)."""
     if value is not None and not value > 0:
         raise typer.BadParameter(f"{value:g} is not more than 0.")
+    if value is not None and value == math.inf:
+        raise typer.BadParameter(f"{value:g} is not a finite number.")
+    return value
+
+
+def _finite_nonnegative(value: float | None) -> float | None:
+    """--temperature, --ray-gpus: a finite number, 0 or more (inf and nan would reach torch)."""
+    if value is not None and not 0 <= value < math.inf:
+        raise typer.BadParameter(f"{value:g} is not a finite number >= 0.")
     return value
 
 
@@ -150,106 +165,144 @@ plot_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
 @app.command(cls=_SummarizeOrPlot, context_settings=HELP_OPTIONS)
 def summarize(
+    ctx: typer.Context,
     inputs: Annotated[list[str] | None, typer.Argument(
         metavar="INPUT", show_default=False,
         help="PDF, .txt or .md files, folders (searched recursively), or - for stdin.")] = None,
     words: Annotated[int, typer.Option(
-        "-n", "--words", min=1, help="Target length in words (a CJK character counts as one).")
+        "-n", "--words", min=1, max=MAX_WORDS, help="Target length in words (a CJK character counts as one).",
+        rich_help_panel="Output")
     ] = DEFAULT_WORDS,
     model: Annotated[str, typer.Option(
         "-m", "--model", envvar="SUMMARIZE_MODEL",
-        help="Model: a hub id, a local folder, a .gguf file, or owner/name:QUANT (a GGUF file on the hub).")
+        help="Model: a hub id, a local folder, a .gguf file, or owner/name:QUANT (a GGUF file on the hub).",
+        rich_help_panel="Model")
     ] = DEFAULT_MODEL,
     output: Annotated[str | None, typer.Option(
         "-o", "--output", metavar="PATH", show_default=False,
         help="Write to this file (one input) or folder (several inputs or a folder) "
-             "instead of stdout.")] = None,
+             "instead of stdout.",
+        rich_help_panel="Output")] = None,
     device: Annotated[str | None, typer.Option(
         envvar="SUMMARIZE_DEVICE", show_default=False,
-        help="cpu, cuda, cuda:1, ..., mps; one this machine has (default: the best available)")] = None,
+        help="cpu, cuda, cuda:1, ..., mps; one this machine has (default: the best available)",
+        rich_help_panel="Model")] = None,
     dtype: Annotated[DType | None, typer.Option(
         envvar="SUMMARIZE_DTYPE", show_default=False,
-        help="Weight precision (default: the best for the device).")] = None,
+        help="Weight precision (default: the best for the device).",
+        rich_help_panel="Model")] = None,
     quantize: Annotated[Quantize | None, typer.Option(
         envvar="SUMMARIZE_QUANTIZE", show_default=False,
-        help="Store the weights as int8 or int4 (CPU): less memory, faster decoding, slightly other text.")] = None,
+        help="Store the weights as int8 or int4 (CPU): less memory, faster decoding, slightly other text.",
+        rich_help_panel="Model")] = None,
     chunk_tokens: Annotated[int | None, typer.Option(
         "--chunk-tokens", min=MIN_CHUNK_TOKENS, max=MAX_CHUNK_TOKENS, show_default=False,
         help=f"Tokens per chunk of the document, {MIN_CHUNK_TOKENS} to {MAX_CHUNK_TOKENS} "
-             f"(default {DEFAULT_CHUNK_TOKENS}).")] = None,
+             f"(default {DEFAULT_CHUNK_TOKENS}).",
+        rich_help_panel="Reading")] = None,
     overlap: Annotated[int | None, typer.Option(
         min=0, show_default=False,
         help=f"Tokens shared by consecutive chunks, at most a quarter of --chunk-tokens "
-             f"(default {DEFAULT_OVERLAP}).")] = None,
+             f"(default {DEFAULT_OVERLAP}).",
+        rich_help_panel="Reading")] = None,
     strategy: Annotated[Strategy, typer.Option(
         help="map-reduce: read each chunk on its own, then merge the notes; "
-             "stream: one pass with the state carried across the whole document.")
+             "stream: one pass with the state carried across the whole document.",
+        rich_help_panel="Reading")
     ] = Strategy(DEFAULT_STRATEGY),
     focus: Annotated[str | None, typer.Option(
         envvar="SUMMARIZE_FOCUS", show_default=False,
-        help="What the summary should concentrate on, e.g. 'risks and costs' (model summaries).")] = None,
+        help="What the summary should concentrate on, e.g. 'risks and costs' (model summaries).",
+        rich_help_panel="Reading")] = None,
     extractive: Annotated[bool, typer.Option(
-        "--extractive", help="Pick the document's key sentences; no model needed.")] = False,
+        "--extractive", help="Pick the document's key sentences; no model needed.",
+        rich_help_panel="Reading", metavar="")] = False,
     json_lines: Annotated[bool, typer.Option(
-        "--json", help="One JSON object per input per line on stdout.")] = False,
+        "--json", help="One JSON object per input per line on stdout.",
+        rich_help_panel="Output", metavar="")] = False,
     diagnostics_file: Annotated[Path | None, typer.Option(
         "--diagnostics-file", dir_okay=False, show_default=False,
-        help="Write per-layer state diagnostics here as JSON lines.")] = None,
+        help="Write per-layer state diagnostics here as JSON lines.",
+        rich_help_panel="Output")] = None,
     temperature: Annotated[float | None, typer.Option(
-        min=0.0, show_default=False, help="Sampling temperature; 0 decodes greedily.")] = None,
+        callback=_finite_nonnegative, show_default=False,
+        help="Sampling temperature, a finite number >= 0; 0 decodes greedily.",
+        rich_help_panel="Sampling")] = None,
     top_k: Annotated[int | None, typer.Option(
-        "--top-k", min=1, show_default=False, help="Sample among the k likeliest tokens.")] = None,
+        "--top-k", min=1, show_default=False, help="Sample among the k likeliest tokens.",
+        rich_help_panel="Sampling")] = None,
     top_p: Annotated[float | None, typer.Option(
         "--top-p", callback=_probability, show_default=False,
-        help="Sample from the smallest token set with this much probability.")] = None,
+        help="Sample from the smallest token set with this much probability.",
+        rich_help_panel="Sampling")] = None,
     seed: Annotated[int | None, typer.Option(
-        show_default=False, help="Random seed, for repeatable sampling.")] = None,
+        min=0, max=MAX_SEED, show_default=False, help="Random seed, for repeatable sampling.",
+        rich_help_panel="Sampling")] = None,
     speculate: Annotated[int, typer.Option(
         min=0, max=MAX_SPECULATE, envvar="SUMMARIZE_SPECULATE",
         help="Draft up to N tokens per step from the document and verify them in one pass "
-             "(the same text, faster where it copies); 0 turns it off.")] = DEFAULT_SPECULATE,
+             "(the same text, faster where it copies); 0 turns it off.",
+        rich_help_panel="Sampling")] = DEFAULT_SPECULATE,
     drafts: Annotated[Drafts, typer.Option(
         envvar="SUMMARIZE_DRAFTS",
         help="Where drafted tokens come from: the document, or the model file's multi-token-prediction "
-             "head (Qwen3.5 files with mtp.* weights).")] = Drafts(DEFAULT_DRAFTS),
+             "head (Qwen3.5 files with mtp.* weights).",
+        rich_help_panel="Sampling")] = Drafts(DEFAULT_DRAFTS),
     batch_memory: Annotated[str | None, typer.Option(
         "--batch-memory", metavar="SIZE", envvar="SUMMARIZE_BATCH_MEMORY", show_default=False, callback=_size,
         help="Memory for the states of the chunks read together in map-reduce (default 1G: 8 rows "
-             "of a 0.8B model); it bounds the batch whatever the document's length.")] = None,
+             "of a 0.8B model); it bounds the batch whatever the document's length.",
+        rich_help_panel="Reading")] = None,
     no_cache: Annotated[bool, typer.Option(
-        "--no-cache", help="Neither reuse nor keep what the model read (chunks' notes, stream states).")] = False,
+        "--no-cache", help="Neither reuse nor keep what the model read (chunks' notes, stream states).",
+        rich_help_panel="Cache", metavar="")] = False,
     cache_dir: Annotated[Path | None, typer.Option(
         "--cache-dir", metavar="DIR", envvar="SUMMARIZE_CACHE_DIR", file_okay=False, show_default=False,
-        help="Keep what the model read here (default: $XDG_CACHE_HOME/summarize, else ~/.cache/summarize).")] = None,
+        help="Keep what the model read here (default: $XDG_CACHE_HOME/summarize, else ~/.cache/summarize).",
+        rich_help_panel="Cache")] = None,
     cache_size: Annotated[str | None, typer.Option(
         "--cache-size", metavar="SIZE", envvar="SUMMARIZE_CACHE_SIZE", show_default=False, callback=_size,
         help=f"At most this much kept in the cache; the least recently used goes first "
-             f"(default {DEFAULT_CACHE_SIZE // 2**30}G).")] = None,
+             f"(default {DEFAULT_CACHE_SIZE // 2**30}G).",
+        rich_help_panel="Cache")] = None,
+    max_input_size: Annotated[str | None, typer.Option(
+        "--max-input-size", metavar="SIZE", show_default=False, callback=_size,
+        help=f"Read at most this much of one input; a larger one fails alone "
+             f"(default {format_size(DEFAULT_MAX_INPUT_SIZE)}).",
+        rich_help_panel="Reading")] = None,
     password: Annotated[str | None, typer.Option(
         envvar="SUMMARIZE_PASSWORD", show_default=False,
-        help="Password for encrypted PDFs; the env var keeps it out of the process list.")
+        help="Password for encrypted PDFs; the env var keeps it out of the process list.",
+        rich_help_panel="Reading")
     ] = None,
     force: Annotated[bool, typer.Option(
-        "--force", help="Rewrite output files even when they are up to date.")] = False,
+        "--force", help="Rewrite output files even when they are up to date.",
+        rich_help_panel="Output", metavar="")] = False,
     quiet: Annotated[bool, typer.Option(
-        "-q", "--quiet", help="Say nothing on stderr but errors.")] = False,
+        "-q", "--quiet", help="Say nothing on stderr but errors.",
+        rich_help_panel="Output", metavar="")] = False,
     verbose: Annotated[bool, typer.Option(
-        "-v", "--verbose", help="Show libraries' warnings and full error details.")] = False,
+        "-v", "--verbose", help="Show libraries' warnings and full error details.",
+        rich_help_panel="Output", metavar="")] = False,
     ray: Annotated[str | None, typer.Option(
         "--ray", metavar="ADDRESS", callback=_ray_address, show_default=False,
         help="Summarize on a Ray cluster: auto (the running one, or RAY_ADDRESS), local[:N] (start one "
-             "with N workers here) or ray://host:port. Needs the ray extra.")] = None,
+             "with N workers here) or ray://host:port. Needs the ray extra.",
+        rich_help_panel="Cluster")] = None,
     ray_cpus: Annotated[float | None, typer.Option(
         "--ray-cpus", callback=_positive, show_default=False,
-        help="CPUs each cluster worker reserves (default 1); it holds one model.")] = None,
+        help="CPUs each cluster worker reserves (default 1); it holds one model.",
+        rich_help_panel="Cluster")] = None,
     ray_gpus: Annotated[float | None, typer.Option(
-        "--ray-gpus", min=0.0, show_default=False,
-        help="GPUs each cluster worker reserves (default 0; 0.5 puts two workers on a GPU).")] = None,
+        "--ray-gpus", callback=_finite_nonnegative, show_default=False,
+        help="GPUs each cluster worker reserves (default 0; 0.5 puts two workers on a GPU).",
+        rich_help_panel="Cluster")] = None,
     pull: Annotated[bool, typer.Option(
-        "--pull", help="Download the model (-m) into the local cache ahead of time, then exit.")
+        "--pull", help="Download the model (-m) into the local cache ahead of time, then exit.",
+        rich_help_panel="Model", metavar="")
     ] = False,
     version: Annotated[bool, typer.Option(
-        "--version", is_eager=True, callback=_print_version, help="Print the version, then exit.")] = False,
+        "--version", is_eager=True, callback=_print_version, help="Print the version, then exit.", metavar="")] = False,
 ) -> None:
     """Summarize documents: each INPUT's summary of about N words goes to stdout (or to -o).
 
@@ -270,17 +323,28 @@ def summarize(
         typer.echo("error: standard output is closed: nowhere to print the summaries "
                    "(-o writes them to files)", err=True)
         raise typer.Exit(EXIT_USAGE)
+    # only the default model may fall back to an extractive summary; one the user named must be found
+    source = ctx.get_parameter_source("model")  # typer's vendored click: compared by name
+    model_named = source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+    if model_named and not extractive and on_cluster is None:
+        problem = missing_model_path(model)
+        if problem:
+            raise typer.BadParameter(problem.removeprefix(f"-m {model}: ") + f": {model}", param_hint="'-m'")
     settings = Settings(
-        words=words, model=model, device=device, dtype=dtype.value if dtype else None,
+        words=words, model=model, model_fallback=not model_named, device=device, dtype=dtype.value if dtype else None,
         quantize=quantize.value if quantize else None, focus=focus, chunk_tokens=chunk_tokens, overlap=overlap, strategy=strategy.value,
         extractive=extractive, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, speculate=speculate,
         drafts=drafts.value,
         batch_memory=batch_memory or DEFAULT_BATCH_MEMORY,
+        max_input_size=max_input_size or DEFAULT_MAX_INPUT_SIZE,
         cache=not no_cache, cache_dir=str(cache_dir) if cache_dir else None, cache_size=cache_size or DEFAULT_CACHE_SIZE,
         diagnostics_file=str(diagnostics_file) if diagnostics_file else None,
         password=password, verbose=verbose,
     )
     ui = QuietUI(verbose=verbose) if quiet else RichUI(verbose=verbose)
+    if extractive and diagnostics_file is not None:  # else the file's absence would go unexplained
+        ui.note(f"--diagnostics-file {diagnostics_file}: an extractive summary reads no model state; "
+                "nothing is written there")
     code = _run(inputs, output, settings, ui, force=force, json_lines=json_lines, on_cluster=on_cluster)
     raise typer.Exit(code)
 
@@ -362,6 +426,8 @@ def _check_device(text: str) -> None:
     except (RuntimeError, ValueError) as exc:
         raise typer.BadParameter(f"{text!r} is not a device ({DEVICE_KINDS})", param_hint="'--device'") from exc
     if device.type == "cpu":
+        if device.index not in (None, 0):  # torch has one CPU device; cpu:N is taken, then fails later
+            raise typer.BadParameter(f"{text!r}: there is one CPU device, cpu (or cpu:0)", param_hint="'--device'")
         return
     if device.type == "cuda":
         available, count = torch.cuda.is_available(), torch.cuda.device_count()
@@ -408,6 +474,9 @@ def _run(inputs: list[str], output: str | None, settings: Settings, ui: Reporter
             except SummarizeError as exc:
                 ui.error(str(exc))
                 return EXIT_USAGE
+            if plan.clashes:
+                ui.error(plan.clashes[0])
+                return EXIT_USAGE
             if on_cluster is None:
                 results = local.run(plan, settings, ui=ui, force=force, json_lines=json_lines)
             else:
@@ -426,6 +495,10 @@ def _run(inputs: list[str], output: str | None, settings: Settings, ui: Reporter
         message, code = _interruption(exc, sigterm)
         ui.error(message)
         return code
+    except local.NamedModelMissing as exc:
+        ui.close()
+        ui.error(str(exc))
+        return EXIT_USAGE
     except local.StdoutError as exc:
         ui.close()
         ui.error(str(exc))

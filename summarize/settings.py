@@ -13,6 +13,11 @@ from typing import Any
 
 DEFAULT_MODEL = "Qwen/Qwen3.5-0.8B"
 DEFAULT_WORDS = 300
+MAX_WORDS = 100_000  # -n: a summary as long as a 400-page book is the most asked of it
+MAX_SEED = 2**64 - 1
+# Bytes read of one input: a 500-page book is a few MB of text and rarely over 100 MB as a PDF
+# with pictures; past this, what is read is more likely a mistake (a disk image, `yes |`).
+DEFAULT_MAX_INPUT_SIZE = 256 * 2**20  # torch.manual_seed's largest seed
 
 MAP_REDUCE = "map-reduce"  # every chunk read alone from the instruction, the notes merged
 STREAM = "stream"  # one pass, the state carried across the whole document
@@ -60,6 +65,7 @@ class Settings:
 
     words: int = DEFAULT_WORDS
     model: str = DEFAULT_MODEL
+    model_fallback: bool = True  # a model that cannot be had gives an extractive summary; False: an error
     device: str | None = None
     dtype: str | None = None
     quantize: str | None = None
@@ -78,6 +84,7 @@ class Settings:
     cache: bool = True  # keep and reuse what was read (read_cache.py); output-invariant, as are the next two
     cache_dir: str | None = None  # None: $SUMMARIZE_CACHE_DIR, else the user's cache folder
     cache_size: int = DEFAULT_CACHE_SIZE  # bytes
+    max_input_size: int = DEFAULT_MAX_INPUT_SIZE  # bytes read of one input at most (--max-input-size)
     diagnostics_file: str | None = None
     password: str | None = field(default=None, repr=False)
     verbose: bool = False
@@ -116,6 +123,14 @@ _UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", re.IGNORECASE)
+
+
+def format_size(size: int) -> str:
+    """Bytes as the options write them: 256M, 1G, 1.5G, 1000 bytes."""
+    for unit in ("T", "G", "M", "K"):
+        if size >= _UNITS[unit.lower()]:
+            return f"{size / _UNITS[unit.lower()]:.4g}{unit}"
+    return f"{size} bytes"
 
 
 def parse_size(text: str) -> int:

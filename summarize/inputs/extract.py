@@ -8,7 +8,6 @@ import io
 import logging
 import math
 import re
-import sys
 import unicodedata
 import warnings
 from collections import Counter
@@ -19,15 +18,15 @@ from typing import BinaryIO
 from pypdf import PageObject, PasswordType, PdfReader
 from pypdf.errors import DependencyError, EmptyFileError
 
-from summarize.errors import SummarizeError, first_line
-from summarize.settings import STDIN, STDIN_LABEL
+from summarize.errors import first_line
+from summarize.inputs.read_bytes import ExtractionError, known_kind, looks_like_pdf, read_file, read_input, utf16_without_bom
+from summarize.settings import DEFAULT_MAX_INPUT_SIZE, STDIN, STDIN_LABEL, format_size
+
+__all__ = ["ExtractionError", "SUPPORTED_SUFFIXES", "clean_text", "extract_text", "iter_pdf_pages", "read_input",
+           "text_from_bytes"]
 
 SUPPORTED_SUFFIXES = (".pdf", ".txt", ".md")
 MARKDOWN_SUFFIXES = (".md", ".markdown")
-
-
-class ExtractionError(SummarizeError):
-    """An input could not be turned into text; the message is one line naming the input."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -41,8 +40,10 @@ def extract_text(
     password: str | None = None,
     verbose: bool = False,
     notify: Callable[[str], None] | None = None,
+    max_bytes: int = DEFAULT_MAX_INPUT_SIZE,
 ) -> str:
     """Clean text of a .pdf/.txt/.md file, of any text file, or of stdin when `source` is "-".
+    A pipe or FIFO is read as a stream; no more than `max_bytes` is read of any input.
 
     The content decides, not the name: PDF bytes are read as a PDF whatever the suffix (so
     `cat a.pdf | summarize -` works). pypdf's warnings reach the terminal only when `verbose`.
@@ -57,15 +58,8 @@ def extract_text(
     across line breaks rejoined; no ligature characters, soft hyphens or zero-width spaces; no
     running headers/footers or page numbers where pages are known (PDF pages, or form feeds in text).
     """
-    return text_from_bytes(read_input(source), source, password=password, verbose=verbose, notify=notify)
-
-
-def read_input(source: str | Path) -> bytes:
-    """The bytes of a file, or of stdin when `source` is "-"; ExtractionError (one line naming the
-    input) for a missing, empty or unreadable one."""
-    if str(source) == STDIN:
-        return _read_stdin()
-    return _read_file(Path(source), str(source))
+    data = read_input(source, max_bytes=max_bytes)
+    return text_from_bytes(data, source, password=password, verbose=verbose, notify=notify)
 
 
 def text_from_bytes(
@@ -83,8 +77,11 @@ def text_from_bytes(
     notes: list[str] = []
     try:
         with _quiet_pypdf(verbose):
-            if _looks_like_pdf(data) or (not stdin and Path(source).suffix.lower() == ".pdf"):
-                text = _pdf_text(_iter_pages(io.BytesIO(data), label, password), label)
+            if looks_like_pdf(data) or (not stdin and Path(source).suffix.lower() == ".pdf"):
+                kind = None if looks_like_pdf(data) else known_kind(data)
+                if kind is not None:
+                    raise ExtractionError(f"{label}: {kind}, not a PDF")
+                text = _pdf_text(_iter_pages(io.BytesIO(data), label, password, notes), label)
             else:
                 decoded = _decode(data, label, notes)
                 if not stdin and Path(source).suffix.lower() in MARKDOWN_SUFFIXES:
@@ -119,46 +116,13 @@ def _quiet_pypdf(verbose: bool) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading bytes: files, stdin, text decoding
+# Text decoding (reading the bytes: read_bytes.py)
 # ---------------------------------------------------------------------------------------------
 
 # Past this share of bad characters in its first SNIFF_CHARS (see _refuse_binary), a file is
 # binary data. Random bytes score about 0.3 (0.5 with NULs, which are refused on sight).
 BINARY_BAD_RATIO = 0.2
 SNIFF_CHARS = 65536
-PDF_MAGIC = b"%PDF-"
-PDF_MAGIC_WINDOW = 1024  # the PDF spec lets the header start anywhere in the first 1 KiB
-
-
-def _check_file(path: Path, label: str) -> None:
-    if not path.exists():
-        raise ExtractionError(f"{label}: no such file")
-    if path.is_dir():
-        raise ExtractionError(f"{label}: is a directory, not a file")
-    if path.stat().st_size == 0:
-        raise ExtractionError(f"{label}: the file is empty")
-
-
-def _read_file(path: Path, label: str) -> bytes:
-    _check_file(path, label)
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise ExtractionError(f"{label}: cannot read the file ({exc.strerror or exc})") from exc
-
-
-def _read_stdin() -> bytes:
-    if sys.stdin is None:
-        raise ExtractionError(f"{STDIN_LABEL}: no standard input to read")
-    buffer = getattr(sys.stdin, "buffer", None)  # a test harness may install a text-only stdin
-    data = buffer.read() if buffer is not None else sys.stdin.read().encode("utf-8")
-    if not data:
-        raise ExtractionError(f"{STDIN_LABEL}: the input is empty")
-    return data
-
-
-def _looks_like_pdf(data: bytes) -> bool:
-    return PDF_MAGIC in data[:PDF_MAGIC_WINDOW]
 
 
 # A BOM names the encoding; UTF-32 first, since its little-endian BOM starts like UTF-16's.
@@ -192,6 +156,11 @@ def _decode(data: bytes, label: str, notes: list[str]) -> str:
             if bad:
                 notes.append(f"{label}: {bad} invalid {codec.upper()} sequences replaced by U+FFFD")
             return text
+    codec = utf16_without_bom(data)
+    if codec is not None:
+        text = data.decode(codec, errors="replace")
+        _refuse_binary(text, label)
+        return text
     if b"\x00" in data:  # never in UTF-8 text, always in executables, images, archives
         raise ExtractionError(f"{label}: binary data, not a PDF or a text file")
     data = data.removeprefix(codecs.BOM_UTF8)
@@ -288,13 +257,32 @@ def iter_pdf_pages(path: str | Path, *, password: str | None = None) -> Iterator
     need all pages, see `extract_text`. Raises ExtractionError; does not silence pypdf.
     """
     label = str(path)
-    yield from _iter_pages(io.BytesIO(_read_file(Path(path), label)), label, password)
+    yield from _iter_pages(io.BytesIO(read_file(Path(path), label)), label, password)
 
 
-def _iter_pages(source: BinaryIO, label: str, password: str | None) -> Iterator[str]:
+# pypdf's text extraction costs time in proportion to a page's content stream, and a crafted one
+# costs minutes a megabyte: a page of text takes tens of KB, one of dense vector art a few hundred.
+MAX_PAGE_CONTENT = 1 << 20
+MAX_DOCUMENT_CONTENT = 64 << 20  # 500 pages of 128 KB
+
+
+def _iter_pages(source: BinaryIO, label: str, password: str | None, notes: list[str] | None = None) -> Iterator[str]:
+    """Each page's text; a page over the work bounds yields "" and a note in `notes` saying why."""
     reader = _open_pdf(source, label, password)
+    budget = MAX_DOCUMENT_CONTENT
     for number, page in enumerate(reader.pages, start=1):
         try:
+            content = page.get_contents()
+            size = 0 if content is None else len(content.get_data())
+            if size > min(MAX_PAGE_CONTENT, budget):
+                too_much = (f"its content is {format_size(size)}, over the {format_size(MAX_PAGE_CONTENT)} "
+                            "a page may take" if size > MAX_PAGE_CONTENT else
+                            f"the document's pages have taken the {format_size(MAX_DOCUMENT_CONTENT)} it may take")
+                if notes is not None:
+                    notes.append(f"{label}: page {number} skipped: {too_much}")
+                yield ""
+                continue
+            budget -= size
             text = _page_text(page)
         except Exception as exc:  # pypdf raises many kinds on damaged content streams
             raise ExtractionError(f"{label}: page {number} is damaged ({first_line(exc)[:160]})") from exc
@@ -500,6 +488,8 @@ def _drop_page_furniture(pages: list[str]) -> None:
                 if not furniture(lines[j], index):
                     break
                 drop.add(j)
+        if len(drop) == len(content):  # never empty a page that holds nothing else: its text is the text
+            drop = {j for j in drop if _is_page_number(_edge_key(lines[j]))}
         if drop:
             pages[index] = "\n".join(line for j, line in enumerate(lines) if j not in drop)
 

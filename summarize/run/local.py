@@ -8,7 +8,7 @@ import sys
 import time
 from typing import TextIO
 
-from summarize.errors import SummarizeError
+from summarize.errors import ModelNotAvailable, SummarizeError
 from summarize.inputs.extract import extract_text
 from summarize.records import Job, Result, Summary
 from summarize.run.outcomes import ModelNotLoaded, failed_result, in_plan_order, settled_before_reading, worth_summarizing, written_result
@@ -23,6 +23,11 @@ from summarize.ui.reporter import Reporter
 
 
 # --- running -------------------------------------------------------------------------------
+
+
+class NamedModelMissing(SummarizeError):
+    """The model the user named (-m) cannot be had: the run stops (a usage error), as only the
+    default model may fall back to an extractive summary."""
 
 
 class StdoutError(SummarizeError):
@@ -54,6 +59,11 @@ def run(
         if summarizer is None:
             try:
                 summarizer = make_summarizer(settings, ui)
+            except ModelNotAvailable as exc:
+                if not settings.model_fallback:
+                    raise NamedModelMissing(str(exc)) from exc
+                summarizer = ModelNotLoaded.because(exc)
+                ui.error(str(summarizer), exc=exc)
             except Exception as exc:  # noqa: BLE001 - each input fails with it, below
                 summarizer = ModelNotLoaded.because(exc)
                 ui.error(str(summarizer), exc=exc)
@@ -77,7 +87,7 @@ def run(
         else:
             outcomes = _summarize_all(summarizer, [(text, job.label) for _, job, text, _ in pending])
         for (index, job, _, start), outcome in zip(pending, outcomes):
-            finish(index, job, written_result(job, outcome, settings, ui=ui, start=start))
+            finish(index, job, written_result(job, outcome, settings, ui=ui, start=start, force=force))
         pending.clear()
 
     try:
@@ -93,6 +103,8 @@ def run(
             # decodes several documents' chunks at once); stdout keeps the inputs' order
             try:
                 per_batch = get_summarizer().documents_per_batch
+            except NamedModelMissing:
+                raise
             except Exception:  # reported per input by summarize_pending
                 per_batch = 1
             if len(pending) >= per_batch:
@@ -162,7 +174,8 @@ def _read(job: Job, settings: Settings, *, ui: Reporter, force: bool, start: flo
         settled = settled_before_reading(job, settings, force=force)
         if settled is not None:
             return settled
-        text = extract_text(job.input, password=settings.password, verbose=settings.verbose, notify=ui.note)
+        text = extract_text(job.input, password=settings.password, verbose=settings.verbose, notify=ui.note,
+                            max_bytes=settings.max_input_size)
         return worth_summarizing(text)
     except Exception as exc:  # one input's failure, whatever it is, must not end the run
         return failed_result(job, exc, ui=ui, start=start)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from summarize.errors import SummarizeError
 from summarize.records import Job, Result, Summary
-from summarize.run.output import is_up_to_date, write_summary
+from summarize.run.output import check_replaceable, is_up_to_date, write_summary
 from summarize.run.plan import Plan
 from summarize.settings import Settings
 from summarize.ui.reporter import Reporter
@@ -40,6 +40,8 @@ def settled_before_reading(job: Job, settings: Settings, *, force: bool) -> Resu
         raise SummarizeError(job.problem)
     if job.output is not None and not force and is_up_to_date(job, settings.fingerprint()):
         return Result(job.label, "skipped", "up to date (--force rewrites it)", job.output)
+    if job.output is not None:  # found now, before the input is read and summarized
+        check_replaceable(job.output, force=force)
     return None
 
 
@@ -50,13 +52,16 @@ def worth_summarizing(text: str) -> str:
     return text
 
 
-def written_result(job: Job, outcome: Summary | Exception, settings: Settings, *, ui: Reporter, start: float) -> Result:
-    """Write a summary to the job's output (if it has one); the job's Result."""
+def written_result(job: Job, outcome: Summary | Exception, settings: Settings, *, ui: Reporter, start: float,
+                   force: bool | None = None) -> Result:
+    """Write a summary to the job's output (if it has one); the job's Result. With `force` given,
+    the output is checked again just before it is replaced (it may have appeared meanwhile);
+    None leaves it to the check made before reading."""
     try:
         if isinstance(outcome, Exception):
             raise outcome
         if job.output is not None:
-            write_summary(job.output, outcome, settings)
+            write_summary(job.output, outcome, settings, force=True if force is None else force)
         return Result(job.label, "ok", "", job.output, outcome, time.perf_counter() - start)
     except Exception as exc:
         return failed_result(job, exc, ui=ui, start=start)

@@ -23,6 +23,7 @@ OUTPUT_SUFFIX = ".summary.md"
 class Plan:
     jobs: list[Job]
     headers: bool  # print `==> path <==` before each summary on stdout
+    clashes: tuple[str, ...] = ()  # inputs whose summaries would land on one output: a usage error
 
 
 class _Found(NamedTuple):
@@ -55,8 +56,10 @@ def plan_jobs(inputs: Sequence[str], output: str | Path | None = None, *,
         if job.output is not None and job.output in read:
             raise SummarizeError(
                 f"-o {output}: the summary of {job.input} would overwrite the input {job.output}")
+    written = [job.output for job in placed.jobs if job.output is not None]
+    for folder in dict.fromkeys(path.parent for path in written):
+        _check_writable_folder(folder, f"-o {output}")
     if diagnostics_file is not None:
-        written = [job.output for job in placed.jobs if job.output is not None]
         _check_diagnostics_file(Path(diagnostics_file), read, _FileSet(written))
     return placed
 
@@ -99,6 +102,7 @@ def _place(found: list[_Found], output: str | Path | None, several: bool) -> Pla
     outputs = iter(_output_paths([f.rel for f in found if not f.problem], output))
     jobs: list[Job] = []
     owner: dict[Path, str] = {}
+    clashes: list[str] = []
     for f in found:
         if f.problem:
             jobs.append(Job(f.input, problem=f.problem))
@@ -106,10 +110,11 @@ def _place(found: list[_Found], output: str | Path | None, several: bool) -> Pla
         out = next(outputs)
         if out in owner:
             jobs.append(Job(f.input, problem=f"its output {out} is already written for {owner[out]}"))
+            clashes.append(f"-o {output}: the summaries of {owner[out]} and {f.input} would both be {out}")
         else:
             owner[out] = f.input
             jobs.append(Job(f.input, output=out))
-    return Plan(jobs, headers=False)
+    return Plan(jobs, headers=False, clashes=tuple(clashes))
 
 
 class _FileSet:
@@ -150,6 +155,27 @@ def _resolved(path: Path) -> Path:
         return Path(os.path.abspath(path))
 
 
+def _check_writable_folder(folder: Path, where: str) -> None:
+    """Raise SummarizeError unless files can be made in `folder`, or in the nearest folder above
+    it that exists (the missing ones are made then): found now, not after the model's work."""
+    existing = folder
+    while not os.path.lexists(existing) and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise SummarizeError(f"{where}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise SummarizeError(f"{where}: {existing}: {write_refusal(existing)}")
+
+
+def write_refusal(folder: Path) -> str:
+    """Why nothing can be written in `folder`: its filesystem is mounted read-only, or permission."""
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # AttributeError: no statvfs on this platform
+        read_only = False
+    return "read-only file system" if read_only else "permission denied"
+
+
 def _check_diagnostics_file(path: Path, read: _FileSet, written: _FileSet) -> None:
     """--diagnostics-file must be writable and no other file of this run: found out now, not
     after the model has loaded."""
@@ -164,7 +190,7 @@ def _check_diagnostics_file(path: Path, read: _FileSet, written: _FileSet) -> No
     if not folder.is_dir():
         raise SummarizeError(f"{where}: no such folder {folder}")
     if not os.access(path if path.exists() else folder, os.W_OK):
-        raise SummarizeError(f"{where}: permission denied")
+        raise SummarizeError(f"{where}: {write_refusal(folder)}")
 
 
 def _first_time(path: Path, seen: set[Path]) -> bool:

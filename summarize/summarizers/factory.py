@@ -4,7 +4,9 @@ asked for or none can be had.
 
 from __future__ import annotations
 
+import re
 from contextlib import ExitStack
+from pathlib import Path
 
 from summarize.diagnostics.log import DiagnosticsLog
 from summarize.settings import Settings
@@ -12,12 +14,29 @@ from summarize.summarizers.base import DocumentSummarizer
 from summarize.summarizers.extractive import ExtractiveSummarizer
 from summarize.ui.reporter import Reporter
 
+# owner/name, or owner/name:QUANT for a GGUF file on the hub: found (or not) only by asking the hub
+_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+(:[\w.-]+)?")
+_MODEL_FILE_SUFFIXES = (".gguf", ".pth", ".safetensors")
+
+
+def missing_model_path(source: str) -> str | None:
+    """Why `source` names no model, when that is plain without loading anything (a path that does
+    not exist and cannot be a hub id); None where only loading can tell."""
+    path = Path(source).expanduser()
+    if path.exists():
+        return None
+    looks_like_path = source.startswith((".", "/", "~")) or path.suffix.lower() in _MODEL_FILE_SUFFIXES
+    if _HUB_ID.fullmatch(source) and not looks_like_path:
+        return None
+    return f"-m {source}: no such model file or folder"
+
 
 def make_summarizer(settings: Settings, ui: Reporter) -> DocumentSummarizer:
     """The summarizer for these settings. Call it once per run: it may load a model.
 
-    A model that cannot be had (offline and not cached, no such folder) is not an error: the user
-    is told in one line and gets the extractive summary. The caller closes what it returns.
+    A model that cannot be had (offline and not cached, no such folder) is not an error where
+    `settings.model_fallback` allows it: the user is told in one line and gets the extractive
+    summary; else ModelNotAvailable is raised. The caller closes what it returns.
     """
     extractive = ExtractiveSummarizer(settings)
     if settings.extractive:
@@ -32,6 +51,8 @@ def make_summarizer(settings: Settings, ui: Reporter) -> DocumentSummarizer:
     try:
         session = load_session(settings, ui.note, ui.waiting)
     except ModelNotAvailable as exc:
+        if not settings.model_fallback:
+            raise
         ui.note(f"{exc}; writing an extractive summary instead")
         return extractive
     with ExitStack() as on_failure:

@@ -26,6 +26,8 @@ Where: `--cache-dir`, else `$SUMMARIZE_CACHE_DIR`, else `$XDG_CACHE_HOME/summari
 `torchinductor/` beside them are never touched. Over the size cap, the least recently used entries
 go (a hit touches its file's modification time). Entries are written atomically; one that is
 unreadable, truncated, of another format or holding another key is a miss, and is written again.
+An entry is opened only if it is a regular file (not a link, a FIFO or a device) of a plausible
+size; anything else is dropped (said under -v) and written again.
 A cache that cannot be written is said once; the run goes on without it.
 """
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,6 +51,7 @@ from summarize.settings import Settings
 CACHE_FORMAT = 1
 CACHE_DIR_ENV = "SUMMARIZE_CACHE_DIR"
 NOTES, STATES = "notes", "states"  # the cache's subfolders: all it counts and evicts
+MAX_NOTES_BYTES = 1 << 20  # a chunk's notes are a few KB of JSON; more is not an entry of ours
 
 
 def read_cache_for(settings: Settings, model, notify: Callable[[str], None]) -> ReadCache | None:
@@ -57,7 +61,8 @@ def read_cache_for(settings: Settings, model, notify: Callable[[str], None]) -> 
     folder = settings.cache_dir or os.environ.get(CACHE_DIR_ENV) or user_cache_folder()
     reader = {"weights": weights_identity(settings.model, Path(model.source)),
               "dtype": str(model.dtype), "quantize": settings.quantize}
-    return ReadCache(Path(folder).expanduser(), max_bytes=settings.cache_size, reader=reader, notify=notify)
+    return ReadCache(Path(folder).expanduser(), max_bytes=settings.cache_size, reader=reader, notify=notify,
+                     verbose=settings.verbose)
 
 
 def weights_identity(name: str, source: Path) -> list[tuple[str, int, int]]:
@@ -72,16 +77,18 @@ def weights_identity(name: str, source: Path) -> list[tuple[str, int, int]]:
         files = sorted(path for path in source.iterdir() if path.is_file())
     identity = []
     for path in files:
-        stat = path.stat()
-        identity.append((str(path.resolve()), stat.st_size, stat.st_mtime_ns))
+        info = path.stat()
+        identity.append((str(path.resolve()), info.st_size, info.st_mtime_ns))
     return identity
 
 
 class ReadCache:
     """Notes and states kept under `folder`, at most `max_bytes` of them, for one `reader`."""
 
-    def __init__(self, folder: Path, *, max_bytes: int, reader: dict, notify: Callable[[str], None] = lambda msg: None) -> None:
+    def __init__(self, folder: Path, *, max_bytes: int, reader: dict, notify: Callable[[str], None] = lambda msg: None,
+                 verbose: bool = False) -> None:
         self.folder = folder
+        self.verbose = verbose
         self.max_bytes = max_bytes
         self.reader = reader
         self.notify = notify
@@ -110,8 +117,14 @@ class ReadCache:
     def notes(self, key: str) -> str | None:
         """The notes kept under `key`, or None (none kept, or an entry not to be trusted)."""
         path = self._path(NOTES, key)
+        if not self._plausible(path, MAX_NOTES_BYTES):
+            return None
         try:
-            entry = json.loads(path.read_text(encoding="utf-8"))
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with open(fd, "rb") as f:  # checked again on what was opened: it may have changed
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    return None
+                entry = json.loads(f.read(MAX_NOTES_BYTES + 1).decode("utf-8"))
         except (OSError, ValueError):  # missing, unreadable, truncated, not UTF-8 or not JSON
             return None
         if not isinstance(entry, dict) or entry.get("format") != CACHE_FORMAT or entry.get("key") != key:
@@ -131,6 +144,8 @@ class ReadCache:
     def load_state(self, key: str, state) -> bool:
         """Load the state kept under `key` into `state`; False (and `state` untouched) on a miss."""
         path = self._path(STATES, key)
+        if not self._plausible(path, self.max_bytes):
+            return False
         try:
             with safe_open(str(path), framework="pt") as f:
                 header = f.metadata() or {}
@@ -162,8 +177,8 @@ class ReadCache:
                 with os.scandir(self.folder / kind) as found:
                     for entry in found:
                         if entry.is_file(follow_symlinks=False):
-                            stat = entry.stat(follow_symlinks=False)
-                            entries.append((stat.st_mtime_ns, stat.st_size, entry.path))
+                            info = entry.stat(follow_symlinks=False)
+                            entries.append((info.st_mtime_ns, info.st_size, entry.path))
             except OSError:  # not made yet, or unreadable: nothing of ours to count
                 continue
         total = sum(size for _, size, _ in entries)
@@ -177,6 +192,24 @@ class ReadCache:
             except OSError:
                 continue
             total -= size
+
+    def _plausible(self, path: Path, most: int) -> bool:
+        """Whether `path` is a regular file (not a link) of at most `most` bytes; anything else in
+        its place (a FIFO that would hang, a link to /dev/zero) is dropped, to be written again."""
+        try:
+            st = os.lstat(path)
+        except OSError:  # missing: a plain miss
+            return False
+        if stat.S_ISREG(st.st_mode) and st.st_size <= most:
+            return True
+        if self.verbose:
+            self.notify(f"dropped a cache entry that is not a file of ours ({path})")
+        try:
+            if not stat.S_ISDIR(st.st_mode):
+                os.unlink(path)
+        except OSError:
+            pass
+        return False
 
     def _path(self, kind: str, key: str) -> Path:
         return self.folder / kind / (key + (".json" if kind == NOTES else ".safetensors"))
