@@ -153,8 +153,9 @@ def test_unknown_tensors_and_bad_files_are_refused(tmp_path):
         load_model(tmp_path / "missing.pth", device="cpu")
     pickled = tmp_path / "code.pth"
     torch.save({"emb.weight": torch.zeros(2, 2), "hook": Path("x")}, pickled)  # not a tensor: refused unread
-    with pytest.raises(SummarizeError, match="not a readable PyTorch checkpoint"):
+    with pytest.raises(SummarizeError, match="not a readable PyTorch checkpoint") as refused:
         load_model(pickled, device="cpu")
+    assert "summarize will not run" in str(refused.value) and "weights_only" not in str(refused.value)
 
 
 # -- the wkv7 ops -------------------------------------------------------------------------------

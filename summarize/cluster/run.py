@@ -64,7 +64,7 @@ def run(
     """Summarize every job of `plan` on the cluster; a failure is reported and the run goes on.
 
     Raises ClusterError, before any document is sent, when the cluster cannot be used, and
-    StdoutError as `batch.run` does. No cluster is reached when every output is up to date.
+    StdoutError as the local run does. No cluster is reached when every output is up to date.
     """
     printer = StdoutPrinter(stdout or sys.stdout, plan, json_lines=json_lines)
     results: dict[int, Result] = {}
@@ -95,7 +95,7 @@ def run(
         to_send.sort(key=lambda doc: doc.size, reverse=True)
         with connected(cluster, resources) as capacity:
             pool = WorkerPool(require_ray(), settings, min(capacity, len(to_send)), resources)
-            _Dispatch(pool, settings, ui, announce, finish).run(deque(to_send))
+            _Dispatch(pool, settings, ui, announce, finish, force=force).run(deque(to_send))
     return in_plan_order(results, plan, ui=ui)
 
 
@@ -113,13 +113,14 @@ class _Dispatch:
     """Sends documents to the pool's workers and handles what comes back."""
 
     def __init__(self, pool: WorkerPool, settings: Settings, ui: Reporter, announce: Callable[[Job], None],
-                 finish: Callable[[int, Result], None]) -> None:
+                 finish: Callable[[int, Result], None], *, force: bool) -> None:
         self.pool = pool
         self.ray = pool.ray
         self.settings = settings
         self.ui = ui
         self.announce = announce
         self.finish = finish
+        self.force = force
         self.worker_died = (self.ray.exceptions.RayActorError, self.ray.exceptions.WorkerCrashedError,
                             self.ray.exceptions.NodeDiedError, self.ray.exceptions.ObjectLostError)
         self.notes_said: set[str] = set()
@@ -150,7 +151,7 @@ class _Dispatch:
             if doc.data is None:
                 self.announce(doc.job)
                 try:
-                    doc.data = read_input(doc.job.input)
+                    doc.data = read_input(doc.job.input, max_bytes=self.settings.max_input_size)
                 except Exception as exc:  # a file that cannot be read fails here, on the driver
                     self.finish(doc.index, failed_result(doc.job, exc, ui=self.ui, start=time.perf_counter()))
                     continue
@@ -184,7 +185,7 @@ class _Dispatch:
         # the result's seconds are the worker's reading and summarizing, plus the write here
         start = time.perf_counter() - outcome.seconds
         self.finish(doc.index, written_result(doc.job, outcome.error or outcome.summary, self.settings, ui=self.ui,
-                                              start=start))
+                                              start=start, force=self.force))
         doc.data = None
 
     def _fail(self, doc: _Dispatched, exc: Exception) -> None:

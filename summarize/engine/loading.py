@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from summarize.engine.weights.gguf_file import SUFFIX as GGUF_SUFFIX
 from summarize.engine.weights.gguf_file import GGUFFile
 from summarize.engine.weights.gguf_source import gguf_file_for
 from summarize.engine.weights.safetensors_file import HEADER_LENGTH_BYTES, MAX_HEADER_BYTES, SAFETENSORS_DTYPES, bytes_of
-from summarize.errors import ModelNotAvailable, SummarizeError
+from summarize.errors import ModelNotAvailable, SummarizeError, first_line
 
 QUANTIZE_MODES = (None, *QUANTIZATIONS)
 
@@ -203,8 +204,11 @@ class TorchCheckpoint:
         self.folder = path  # named in messages
         try:
             tensors = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except Exception as exc:  # not a zip checkpoint, pickled code refused, truncated file
-            raise SummarizeError(f"{path}: not a readable PyTorch checkpoint ({exc})") from None
+        except pickle.UnpicklingError:  # torch's advice (weights_only=False) would run the file's code
+            raise SummarizeError(f"{path}: not a readable PyTorch checkpoint (it holds code or objects other than "
+                                 "tensors, which summarize will not run)") from None
+        except Exception as exc:  # not a zip checkpoint, truncated file
+            raise SummarizeError(f"{path}: not a readable PyTorch checkpoint ({first_line(exc)})") from None
         if not isinstance(tensors, dict) or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
             raise SummarizeError(f"{path}: not a checkpoint of named tensors")
         self._tensors: dict[str, torch.Tensor] = tensors
