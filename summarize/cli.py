@@ -175,7 +175,8 @@ def summarize(
     ] = DEFAULT_WORDS,
     model: Annotated[str, typer.Option(
         "-m", "--model", envvar="SUMMARIZE_MODEL",
-        help="Model: a hub id, a local folder, a .gguf file, or owner/name:QUANT (a GGUF file on the hub).",
+        help="Model: a hub id, a local folder, a .gguf file, owner/name:QUANT (a GGUF file on the hub), or "
+             "ollama:NAME[:TAG] (a model Ollama pulled).",
         rich_help_panel="Model")
     ] = DEFAULT_MODEL,
     output: Annotated[str | None, typer.Option(
@@ -327,8 +328,9 @@ def summarize(
     source = ctx.get_parameter_source("model")  # typer's vendored click: compared by name
     model_named = source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
     if model_named and not extractive and on_cluster is None:
-        problem = missing_model_path(model)
-        if problem:
+        if model.startswith("ollama:"):  # its store is read now: a missing model is said before any work
+            _check_ollama_model(model)
+        elif problem := missing_model_path(model):
             raise typer.BadParameter(problem.removeprefix(f"-m {model}: ") + f": {model}", param_hint="'-m'")
     settings = Settings(
         words=words, model=model, model_fallback=not model_named, device=device, dtype=dtype.value if dtype else None,
@@ -441,6 +443,15 @@ def _check_device(text: str) -> None:
         raise typer.BadParameter(
             f"{text!r}: there is no such device ({count} {device.type} device(s), numbered from 0)",
             param_hint="'--device'")
+
+
+def _check_ollama_model(model: str) -> None:
+    from summarize.engine.weights.ollama_store import ollama_model_file  # the engine, torch with it: on need
+
+    try:
+        ollama_model_file(model)
+    except SummarizeError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'-m'") from None
 
 
 def _pull(model: str, *, quiet: bool) -> int:

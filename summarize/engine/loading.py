@@ -35,9 +35,9 @@ from summarize.engine.models.registry import (
 from summarize.engine.ops import machine
 from summarize.engine.ops.linear import QUANTIZATIONS
 from summarize.engine.tokenizers.gguf import load_gguf_tokenizer
-from summarize.engine.weights.gguf_file import SUFFIX as GGUF_SUFFIX
 from summarize.engine.weights.gguf_file import GGUFFile
 from summarize.engine.weights.gguf_source import gguf_file_for
+from summarize.engine.weights.ollama_store import is_ollama_name
 from summarize.engine.weights.safetensors_file import HEADER_LENGTH_BYTES, MAX_HEADER_BYTES, SAFETENSORS_DTYPES, bytes_of
 from summarize.errors import ModelNotAvailable, SummarizeError, first_line
 
@@ -255,7 +255,7 @@ def load_model(
         raise SummarizeError(f"--quantize int4 runs on the CPU (torch's int4 kernel); on {device.type} use int8")
     dtype = dtype or default_dtype(device)
     path = Path(source).expanduser()
-    file_families = families_for_file(path.suffix)
+    file_families = [] if is_ollama_name(source) else families_for_file(path.suffix)  # ollama:x.pth is Ollama's
     if file_families:
         if not path.is_file():
             raise ModelNotAvailable(f"{source}: no such checkpoint file")
@@ -326,6 +326,6 @@ def flush_denormals_to_zero() -> None:
 def load_tokenizer(model):
     """The tokenizer that goes with a loaded model, and the token ids that end its answers."""
     source = Path(model.source)
-    if source.suffix.lower() == GGUF_SUFFIX:  # the file carries its own
+    if source.is_file():  # a GGUF file (an Ollama blob has no suffix), which carries its own; others' are folders
         return load_gguf_tokenizer(GGUFFile(source))
     return family_named(model.family).load_tokenizer(source)

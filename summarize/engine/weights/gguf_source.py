@@ -1,4 +1,5 @@
-"""Which GGUF file a `--model` names: a `.gguf` path, a folder holding one, or `owner/name:QUANT`.
+"""Which GGUF file a `--model` names: a `.gguf` path, a folder holding one, `owner/name:QUANT`, or
+`ollama:NAME[:TAG]` (a model Ollama pulled, read in its store: `ollama_store`).
 
 `owner/name:Q4_K_M` is the convention of llama.cpp's `-hf` and ollama: the file of that
 quantization in the hub repository (a name like `Qwen3.5-0.8B-Q4_K_M.gguf`, the tag matched
@@ -13,6 +14,7 @@ import re
 from pathlib import Path
 
 from summarize.engine.weights.gguf_file import SUFFIX
+from summarize.engine.weights.ollama_store import is_ollama_name, ollama_model_file
 from summarize.errors import ModelNotAvailable, SummarizeError
 
 HUB_TAG = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+):(?P<tag>[\w.-]+)$")
@@ -22,6 +24,8 @@ SPLIT_PART = re.compile(r"-\d{5}-of-\d{5}$")  # llama.cpp's split files: name-00
 def gguf_file_for(source: str | os.PathLike) -> Path | None:
     """The GGUF file `source` names (downloading it if it names one on the hub), or None when it
     names something else (a safetensors folder, a hub id, a `.pth`)."""
+    if is_ollama_name(source):
+        return ollama_model_file(source)
     path = Path(source).expanduser()
     if path.suffix.lower() == SUFFIX:
         if not path.is_file():
