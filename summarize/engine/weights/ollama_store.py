@@ -81,7 +81,7 @@ def ollama_model_file(source: str) -> Path:
     pull = f"`ollama pull {name.given}` would fetch it"
     if not stores:
         where = " nor ".join(str(folder) for folder in folders)
-        hint = " (OLLAMA_MODELS)" if _named_store() else " (OLLAMA_MODELS names another)"
+        hint = " (OLLAMA_MODELS)" if _named_store() else " (set OLLAMA_MODELS to name another)"
         raise ModelNotAvailable(f"{source}: no Ollama models folder at {where}{hint}; {pull}")
     for store in stores:
         manifest = _manifest(store, name)
@@ -103,12 +103,12 @@ def _model_blob(store: Path, manifest_path: Path, name: OllamaName, source: str)
     try:
         manifest = json.loads(manifest_path.read_bytes())
     except OSError as exc:
-        raise SummarizeError(f"{manifest_path}: cannot be read ({exc.strerror or exc})") from None
+        raise SummarizeError(f"{source}: its manifest {manifest_path} cannot be read ({exc.strerror or exc})") from None
     except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep
-        raise SummarizeError(f"{manifest_path}: not an Ollama manifest (not valid JSON)") from None
+        raise SummarizeError(f"{source}: its manifest {manifest_path} is not an Ollama manifest (not valid JSON)") from None
     layers = manifest.get("layers") if isinstance(manifest, dict) else None
     if not isinstance(layers, list):
-        raise SummarizeError(f"{manifest_path}: not an Ollama manifest (no list of layers)")
+        raise SummarizeError(f"{source}: its manifest {manifest_path} is not an Ollama manifest (no list of layers)")
     models = [layer for layer in layers if isinstance(layer, dict) and layer.get("mediaType") == MODEL_LAYER]
     if not models:
         raise SummarizeError(f"{source}: its manifest {manifest_path} has no GGUF model layer ({MODEL_LAYER})")
@@ -117,13 +117,14 @@ def _model_blob(store: Path, manifest_path: Path, name: OllamaName, source: str)
     layer = models[0]
     digest = DIGEST.fullmatch(str(layer.get("digest")))
     if digest is None:
-        raise SummarizeError(f"{manifest_path}: the model layer's digest {layer.get('digest')!r} is not sha256:<64 hex digits>")
+        raise SummarizeError(f"{source}: its manifest {manifest_path} gives the model layer's digest as "
+                             f"{layer.get('digest')!r}, not sha256:<64 hex digits>")
     blobs = [store / "blobs" / f"sha256-{digest['hex']}", store / "blobs" / f"sha256:{digest['hex']}"]
     blob = next((path for path in blobs if path.is_file()), None)
     if blob is None:
         raise ModelNotAvailable(f"{source}: its model file {blobs[0]} is missing; `ollama pull {name.given}` would fetch it again")
     size, found = layer.get("size"), blob.stat().st_size
     if type(size) is int and found != size:
-        raise SummarizeError(f"{blob}: {found:,} bytes where the manifest of {source} says {size:,} (incomplete or "
-                             f"corrupt); `ollama pull {name.given}` would fetch it again")
+        raise SummarizeError(f"{source}: its model file {blob} has {found:,} bytes where its manifest says {size:,} "
+                             f"(incomplete or corrupt); `ollama pull {name.given}` would fetch it again")
     return blob
