@@ -156,11 +156,14 @@ def test_folder_batch_with_a_model(model_dir, tmp_path):
     assert proc.stderr.count("note: model ") == 1  # loaded once for the whole folder
 
 
-def test_missing_model_falls_back_to_extractive(tmp_path):
-    proc = run_cli(str(sample_pdf()), "-m", str(tmp_path / "no-such-model"), "-n", "60")
-    assert proc.returncode == 0
-    assert 0 < count_words(proc.stdout) <= 60
-    assert proc.stderr.count("\n") == 1 and "extractive" in proc.stderr
+def test_a_named_model_that_does_not_exist_is_a_usage_error_before_any_work(tmp_path):
+    """Only the default model falls back to an extractive summary (test_hostile_inputs.py): one the
+    user named is an error naming it."""
+    missing = tmp_path / "no-such-model"
+    proc = run_cli(str(sample_pdf()), "-m", str(missing), "-n", "60")
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and str(missing) in proc.stderr
 
 
 def test_model_load_uses_fp32_state_whatever_the_dtype(model_dir):
