@@ -17,6 +17,8 @@ compiled ones from the outside, and the model does not know which it has.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import Tensor, nn
 
@@ -57,6 +59,9 @@ class RecurrentModel(nn.Module):
     prefill_block_tokens = 1024  # prefill runs in blocks of at most this many tokens: bounded activations
     compiles = False  # whether its steps may be compiled (`compiled.wanted`)
     layers: nn.ModuleList
+    # where the weights were read from (a folder, a GGUF file): the tokenizer and the read cache's
+    # identity are found from it; `loading.load_model` sets it, None for a model built in memory
+    source: Path | None
 
     def __init__(self) -> None:
         super().__init__()
@@ -64,6 +69,7 @@ class RecurrentModel(nn.Module):
         self.steps = Steps()
         self.compiled = None  # the compiled steps, once `compiled.compile_steps` has set them
         self.load_notes: list[str] = []  # what loading wants said (a GGUF file's widened kinds)
+        self.source = None
 
     # -- what a family supplies ----------------------------------------------------------------
 
