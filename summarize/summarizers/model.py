@@ -13,8 +13,8 @@ import torch
 from summarize.diagnostics.log import DiagnosticsLog
 from summarize.engine.diagnostics import SpanReport
 from summarize.engine.generation.generate import generate_batch
+from summarize.engine.generation.sequences import Sequences
 from summarize.engine.memory import release_free_memory
-from summarize.engine.state import State
 from summarize.errors import SummarizeError
 from summarize.inputs.words import count_words, trim_to_words
 from summarize.records import ModelProgress, Summary
@@ -260,7 +260,7 @@ class ModelSummarizer:
                 states.append(state)
             # ...and their notes are written together: decoding is memory-bound, a batch costs
             # about what one sequence does
-            batch = State.stack(states)
+            batch = Sequences.stack(states)
             states.clear()  # the batch holds its own copy: keep one copy of the rows' states alive
             named = [(doc, chunk.index) for doc, chunk, _, _ in group]
             generations = self._generate(torch.cat(first_logits), batch, NOTES_WORDS, prompts, named, phase="notes")
@@ -295,7 +295,7 @@ class ModelSummarizer:
                 logits, state = self._prompt_state(prompt, chunk=None if len(doc.chunks) > 1 else 0)
                 first_logits.append(logits)
                 states.append(state)
-            batch = State.stack(states)
+            batch = Sequences.stack(states)
             states.clear()
             words = max(doc.words for doc, _ in group)  # the rows share one decode loop
             generations = self._generate(torch.cat(first_logits), batch, words, [p for _, p in group], [(doc, None) for doc, _ in group])
@@ -416,7 +416,7 @@ class ModelSummarizer:
         started = time.perf_counter()
         self.progress.counters["tokens_in"] += len(ids)
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.s.model.device)
-        logits = self.s.model.prefill(input_ids, state)
+        logits = state.prefill(self.s.model, input_ids)
         release_free_memory()  # chunk after chunk, resident memory stays flat
         self.progress.counters["prefill_s"] += time.perf_counter() - started
         return logits

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from summarize.engine.generation.drafts import DraftCosts, DraftPlanner, PromptLookup
+from summarize.engine.generation.drafter import Drafter
+from summarize.engine.generation.drafts import DraftCosts, DraftPlanner, PromptLookups
 from summarize.engine.generation.mtp_drafts import MTPDrafts
+from summarize.engine.generation.sequences import Sequences
 from summarize.engine.tokenizers.tokenizer import IncrementalDetokenizer, Tokenizer
 
 # Candidates taken first when looking for the top-p nucleus on the CPU; most nuclei are smaller.
@@ -239,12 +241,13 @@ def generate_batch(
     stop_texts: Collection[str] = (),
     speculate: int = 0,
     contexts: Sequence[Sequence[int]] | None = None,
-    drafters: Sequence | None = None,
+    drafter: Drafter | None = None,
     draft_costs: DraftCosts | None = None,
     banned_ids: Collection[int] = (),
     mtp: bool = False,
 ) -> list[Generation]:
-    """Generate for a batch of B sequences that share one batched `state`.
+    """Generate for a batch of B sequences that share one batched `state` (the model's `State`, or
+`Sequences`, the state with a drafter's memory beside it).
 
     Either `prompts` (B prompts of equal length, prefilled here) or `first_logits` [B, V] (the
     caller has already prefilled `state`; `prompts` may then be None) starts the loop. Rows that
@@ -258,13 +261,15 @@ def generate_batch(
     `speculate` > 0 drafts up to that many tokens per step by prompt lookup in each row's
     `contexts[row]` (default: the prompt) and what it generated, and verifies them in one pass
     (`model.verify` / `model.accept`): the same tokens as without, greedy, and the same
-    distribution, sampled (docs/design.md §8). `drafters` replaces the lookup: one object per row
-    with `append(token)` and `propose(n) -> list[int]`, as `drafts.PromptLookup`. `mtp` drafts
-    from the checkpoint's multi-token-prediction head instead (`mtp_drafts.MTPDrafts`, read for
-    the tokens of `contexts` when given). `draft_costs` carries what verifying was measured to cost
+    distribution, sampled (docs/design.md §8). `drafter` (a `drafter.Drafter`) replaces the
+    lookup. `mtp` drafts from the checkpoint's multi-token-prediction head instead
+    (`mtp_drafts.MTPDrafts`, read for the tokens of `contexts` when given, from the head's cache in
+    `state` when it read the prompt with the model). `draft_costs` carries what verifying was measured to cost
     from one generation to the next.
     """
     sampling = sampling or SamplingParams()
+    sequences = state if isinstance(state, Sequences) else Sequences(state)
+    state = sequences.state
     if first_logits is None:
         if prompts is None:
             raise ValueError("give prompts or first_logits")
@@ -275,7 +280,7 @@ def generate_batch(
                              "first_logits") from e
         if input_ids.ndim != 2 or input_ids.numel() == 0:
             raise ValueError("prompts must be a non-empty batch of non-empty prompts")
-        first_logits = model.prefill(input_ids.to(_model_device(model)), state)
+        first_logits = sequences.prefill(model, input_ids.to(_model_device(model)))
         if contexts is None:
             contexts = input_ids.tolist()
     batch, vocab = first_logits.shape
@@ -286,12 +291,12 @@ def generate_batch(
         if mtp:
             if getattr(model, "mtp", None) is None:
                 raise ValueError("this checkpoint has no multi-token-prediction head (mtp.*) to draft from")
-            drafters = MTPDrafts(model, state, (t for context in contexts for t in context) if contexts is not None else None)
-        elif drafters is None:
-            drafters = [PromptLookup(contexts[row] if contexts is not None else ()) for row in range(batch)]
-        if isinstance(drafters, MTPDrafts):
-            drafters.start(token)
-        _speculative_loop(model, state, sample, rows, token, speculate, drafters, draft_costs)
+            vocabulary = (t for context in contexts for t in context) if contexts is not None else None
+            drafter = MTPDrafts(model, state, vocabulary, sequences.memory)
+            sequences.memory = None  # the drafter's from here on
+        elif drafter is None:
+            drafter = PromptLookups.over(contexts if contexts is not None else [()] * batch)
+        _speculative_loop(model, state, sample, rows, token, speculate, drafter, draft_costs)
     elif rows.running:
         _plain_loop(model, state, sample, rows, token, first_logits.device.type == "cuda" if overlap is None else overlap)
     return rows.results()
@@ -368,16 +373,16 @@ def _plain_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor, over
         token = sample(logits)
 
 
-def _speculative_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor, most: int, drafters,
+def _speculative_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor, most: int, drafter: Drafter,
                       costs: DraftCosts | None) -> None:
-    """Each step: every running row looks up a draft of up to `most` tokens, the planner picks how
-    many to verify; one `verify` pass reads the last token and the drafts, each row keeps the drafts
-    its own samples agree with, and `accept` lands the state there. With nothing worth verifying, a
-    plain decode step. Every step's wall time teaches the planner what verifying costs.
-    `drafters`: one per row (`PromptLookup`), or one `MTPDrafts` for the batch."""
+    """Each step: the drafter says how long a draft (up to `most`) each running row could have, the
+    planner picks how many to verify, and one `verify` pass reads the last token and the drafts;
+    each row keeps the drafts its own samples agree with, and `accept` lands the state there. With
+    nothing worth verifying, a plain decode step. Every step's wall time (the drafting included)
+    teaches the planner what verifying costs."""
     batch = token.shape[0]
-    batched = isinstance(drafters, MTPDrafts)
     planner = DraftPlanner(most, batch, costs)
+    drafter.start(token)
     timing = None  # (width of the step being timed, its start)
     while True:
         ids = token.tolist()  # waits for the step: its time ends here
@@ -389,26 +394,18 @@ def _speculative_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor
             else:
                 planner.costs.learn_step(batch, seconds)
         for row, tid in enumerate(ids):
-            if rows.take(row, tid) and not batched:
-                drafters[row].append(tid)
+            rows.take(row, tid)
         if not rows.running:
             return
-        if batched:  # the head drafts only what the planner will verify, and its time is the pass's
-            started = time.perf_counter()
-            width = planner.width([most if row in rows.running else 0 for row in range(batch)], len(rows.running))
-            candidates = [d if row in rows.running else [] for row, d in enumerate(drafters.propose(width))]
-            width = max(map(len, candidates), default=0)  # nothing before the head has read a position
-        else:
-            candidates = [drafters[row].propose(most) if row in rows.running else [] for row in range(batch)]
-            width = planner.width([len(c) for c in candidates], len(rows.running))
-            started = time.perf_counter()
+        started = time.perf_counter()
+        width = planner.width(drafter.available(most, rows.running), len(rows.running))
+        drafts = drafter.propose(width, rows.running)
+        width = max(map(len, drafts), default=0)  # a head has nothing before it has read a position
         timing = (width, started)
         if width == 0:
             token = sample(model.decode(token, state))
-            if batched:
-                drafters.landed(state.last_hidden, token[:, None], torch.ones_like(token))
+            drafter.landed(_last_hidden(state), token[:, None], torch.ones_like(token))
             continue
-        drafts = [c[:width] for c in candidates]
         span = torch.tensor([[ids[row], *d, *[0] * (width - len(d))] for row, d in enumerate(drafts)], device=token.device)
         logits = model.verify(span, state)  # [B, width + 1, V]
         drafted = [len(d) for d in drafts]
@@ -419,12 +416,16 @@ def _speculative_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor
             rows.drafted[row] += drafted[row]
             rows.accepted[row] += n
             for tid in drafts[row][:n]:
-                if rows.take(row, tid) and not batched:
-                    drafters[row].append(tid)
+                rows.take(row, tid)
         token = chosen.gather(1, kept[:, None])[:, 0]
-        if batched:  # each kept position was followed by the next drafted token, the last by `token`
-            following = torch.cat([span[:, 1:], span[:, :1]], dim=1).scatter(1, kept[:, None], token[:, None])
-            drafters.landed(state.last_hidden, following, kept + 1)
+        # each kept position was followed by the next drafted token, the last by `token`
+        following = torch.cat([span[:, 1:], span[:, :1]], dim=1).scatter(1, kept[:, None], token[:, None])
+        drafter.landed(_last_hidden(state), following, kept + 1)
+
+
+def _last_hidden(state) -> Tensor | None:
+    """What the model's last span left in its last layer, for a drafter that reads it."""
+    return getattr(state, "last_hidden", None)
 
 
 def generate(
