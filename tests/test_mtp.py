@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from summarize.engine import load_model
-from summarize.engine.generation.generate import generate_batch
+from summarize.engine.generation.generate import GenerationRequest, Speculation, generate_batch
 from summarize.engine.generation.mtp_drafts import HeadCache, MTPDrafts
 from summarize.engine.generation.sequences import Sequences
 from test_generate import TOK
@@ -190,11 +190,11 @@ def test_greedy_output_is_the_same_with_drafts_from_the_head(family, cache):
     prompts = torch.randint(0, VOCAB, (3, 9), generator=torch.Generator().manual_seed(3))
 
     def run(state, **speculation):
-        return generate_batch(model, prompts, state, tokenizer=TOK, stop_ids=[], max_new_tokens=30, **speculation)
+        return generate_batch(model, state, GenerationRequest(prompts=prompts, tokenizer=TOK, stop_ids=[], max_new_tokens=30, **speculation))
 
     plain = run(model.new_state(3))
     state = with_head(model, 3) if cache != "without" else model.new_state(3)
-    drafted = run(state, speculate=4, mtp=True, draft_costs=free_verify())
+    drafted = run(state, speculation=Speculation(4, mtp=True, costs=free_verify()))
     assert [g.token_ids for g in drafted] == [g.token_ids for g in plain]
     assert all(g.draft_tokens > 0 for g in drafted)
 
@@ -231,12 +231,13 @@ def test_the_heads_cache_holds_what_the_model_kept_whatever_lengths_rows_keep(fa
     plain one."""
     _, _, model = family
     prompts = torch.randint(0, VOCAB, (rows, 9), generator=torch.Generator().manual_seed(4))
-    plain = generate_batch(model, prompts, model.new_state(rows), tokenizer=TOK, stop_ids=[], max_new_tokens=30)
+    plain = generate_batch(model, model.new_state(rows), GenerationRequest(prompts=prompts, tokenizer=TOK, stop_ids=[], max_new_tokens=30))
     state = model.new_state(rows)
     first = model.prefill(prompts, state)
     drafts = KnownAnswers(model, state, [g.token_ids for g in plain], wrong=[4, 3, 6][:rows])
-    drafted = generate_batch(model, None, state, tokenizer=TOK, stop_ids=[], max_new_tokens=30, first_logits=first,
-                             speculate=4, drafter=drafts, draft_costs=free_verify(rows))
+    drafted = generate_batch(model, state, GenerationRequest(
+        tokenizer=TOK, stop_ids=[], max_new_tokens=30, first_logits=first,
+        speculation=Speculation(most=4, drafter=drafts, costs=free_verify(rows))))
     assert [g.token_ids for g in drafted] == [g.token_ids for g in plain]
     assert all(g.accepted_tokens > 5 for g in drafted) and len({g.accepted_tokens for g in drafted}) == min(rows, 2)
 
@@ -277,7 +278,8 @@ def test_where_drafting_does_not_pay_the_head_guesses_nothing_but_keeps_its_cach
     guesses = []
     real_propose = drafts.propose
     drafts.propose = lambda most, running: guesses.append(most) or real_propose(most, running)
-    out = generate_batch(model, None, state, tokenizer=TOK, stop_ids=[], max_new_tokens=20, first_logits=first,
-                         speculate=4, drafter=drafts, draft_costs=FixedCosts(1, 1.0))[0]
+    out = generate_batch(model, state, GenerationRequest(
+        tokenizer=TOK, stop_ids=[], max_new_tokens=20, first_logits=first,
+        speculation=Speculation(most=4, drafter=drafts, costs=FixedCosts(1, 1.0))))[0]
     assert out.draft_tokens == 0 and set(guesses) == {0}
     assert drafts.state.position == state.position - 1 and drafts.state.kv_tokens == 19  # all but the last step's

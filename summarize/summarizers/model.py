@@ -12,7 +12,7 @@ import torch
 
 from summarize.diagnostics.log import DiagnosticsLog
 from summarize.engine.diagnostics import SpanReport
-from summarize.engine.generation.generate import generate_batch
+from summarize.engine.generation.generate import GenerationRequest, Speculation, generate_batch
 from summarize.engine.generation.sequences import Sequences
 from summarize.engine.memory import release_free_memory
 from summarize.errors import SummarizeError
@@ -438,13 +438,13 @@ class ModelSummarizer:
             self.progress.rows = [(doc.name, chunk) for doc, chunk in rows]
             self._phase(rows[0][1], "decode")
         try:
-            results = generate_batch(
-                self.s.model, None, state, tokenizer=self.s.tokenizer, stop_ids=self.s.stop_ids,
-                max_new_tokens=budget, sampling=self.s.sampling, first_logits=logits,
+            speculation = Speculation(self.s.speculate, mtp=self.s.mtp, costs=self.s.draft_costs) if self.s.speculate else None
+            results = generate_batch(self.s.model, state, GenerationRequest(
+                tokenizer=self.s.tokenizer, stop_ids=self.s.stop_ids, max_new_tokens=budget, sampling=self.s.sampling,
+                first_logits=logits, contexts=contexts, speculation=speculation,
                 stop_texts=self.s.tokenizer.stop_texts,  # RWKV: the answer ends where a new round opens
                 banned_ids=self.s.tokenizer.banned_ids,  # RWKV-6 World: end-of-text is never sampled
-                speculate=self.s.speculate, contexts=contexts, draft_costs=self.s.draft_costs, mtp=self.s.mtp,
-            )
+            ))
         finally:
             self.progress.rows = None
         counters = [doc.progress.counters for doc, _ in rows] if rows is not None else [self.progress.counters] * len(results)
