@@ -16,10 +16,10 @@ KINDS = {
 }
 
 
-def contract_members() -> dict[str, object]:
-    """The Protocol's own members: its annotated attributes and what its body defines."""
-    members = {name: None for name in LayerState.__annotations__}
-    members |= {name: value for name, value in vars(LayerState).items() if not name.startswith("_")}
+def contract_members(protocol: type = LayerState) -> dict[str, object]:
+    """A Protocol's own members: its annotated attributes and what its body defines."""
+    members = {name: None for name in getattr(protocol, "__annotations__", {})}
+    members |= {name: value for name, value in vars(protocol).items() if not name.startswith("_")}
     return members
 
 
@@ -28,10 +28,10 @@ def parameters(function) -> list[tuple[str, object]]:
     return [(p.name, p.kind) for p in list(inspect.signature(function).parameters.values())[1:]]
 
 
-def misses(kind: type, instance) -> list[str]:
-    """What `kind` lacks of the contract, or answers with another shape of call."""
+def misses(kind: type, instance, protocol: type = LayerState) -> list[str]:
+    """What `kind` lacks of `protocol`, or answers with another shape of call."""
     wrong = []
-    for name, member in contract_members().items():
+    for name, member in contract_members(protocol).items():
         if not hasattr(instance, name):
             wrong.append(f"{name}: missing")
         elif isinstance(member, property) and not isinstance(inspect.getattr_static(kind, name), property):

@@ -199,9 +199,9 @@ def test_documents_share_their_decode_batches(model_dir, monkeypatch):
     batches = []
     real = model_summarizer.generate_batch
 
-    def recording(model, state, request):
-        batches.append(state.batch_size)
-        return real(model, state, request)
+    def recording(model, rows, request):
+        batches.append(len(rows))
+        return real(model, rows, request)
 
     monkeypatch.setattr(model_summarizer, "generate_batch", recording)
     # what each document went through, whatever the random model wrote

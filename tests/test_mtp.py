@@ -13,6 +13,8 @@ import torch
 from safetensors.torch import save_file
 
 from summarize.engine import load_model
+from summarize.engine.generation.drafter import Drafter, DraftMemory
+from summarize.engine.generation.drafts import PromptLookups
 from summarize.engine.generation.generate import GenerationRequest, Speculation, generate_batch
 from summarize.engine.generation.mtp_drafts import HeadCache, MTPDrafts
 from summarize.engine.generation.sequences import Sequences
@@ -262,6 +264,17 @@ def free_verify(batch: int = 3):
     from test_speculative import FixedCosts
 
     return FixedCosts(batch, 0.0)
+
+
+def test_both_drafters_and_the_heads_cache_answer_their_contracts(family):
+    from test_layer_state import misses
+
+    _, _, model = family
+    drafters = [PromptLookups.over([[1, 2, 3]]), MTPDrafts(model, model.new_state(1))]
+    for drafter in drafters:
+        assert isinstance(drafter, Drafter) and misses(type(drafter), drafter, Drafter) == []
+    cache = HeadCache.new(model, 1)
+    assert isinstance(cache, DraftMemory) and misses(HeadCache, cache, DraftMemory) == []
 
 
 def test_where_drafting_does_not_pay_the_head_guesses_nothing_but_keeps_its_cache_in_step(family):

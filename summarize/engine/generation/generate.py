@@ -1,6 +1,7 @@
-"""Token generation: sampling and the decode loop.
+"""Token generation: sampling and the decode loops.
 
-The model is anything with
+`generate_batch(model, state, GenerationRequest(...))` runs `plain_decode` or, when the request
+asks for drafts, `speculative_decode` (model.verify / model.accept as well). The model is anything with
     prefill(input_ids: LongTensor [B, T], state) -> FloatTensor [B, V]   (last position's logits)
     decode(token_ids: LongTensor [B], state)     -> FloatTensor [B, V]   (one step)
 both advancing `state` in place. Decoding is memory-bound, so the loop keeps per-token work
@@ -22,6 +23,7 @@ from summarize.engine.generation.drafter import Drafter
 from summarize.engine.generation.drafts import DraftCosts, DraftPlanner, PromptLookups
 from summarize.engine.generation.mtp_drafts import MTPDrafts
 from summarize.engine.generation.sequences import Sequences
+from summarize.engine.memory import release_free_memory
 from summarize.engine.tokenizers.tokenizer import IncrementalDetokenizer, Tokenizer
 
 # Candidates taken first when looking for the top-p nucleus on the CPU; most nuclei are smaller.
@@ -271,13 +273,29 @@ class GenerationRequest:
 
 
 def generate_batch(model, state, request: GenerationRequest) -> list[Generation]:
-    """Generate what `request` asks from `state` (the model's `State`, or `Sequences`: the state with
-    a drafter's memory beside it): plain decoding, or speculative when it asks for drafts. Rows that
-    stop early keep being stepped with their last sampled token, and what they produce is ignored,
-    so at the end `state` rows hold no meaningful continuation."""
+    """Generate what `request` asks from `state` (the model's `State`; `Sequences`, the state with a
+    drafter's memory beside it; or a list of `Sequences` that have each read their prompt, decoded
+    together as one batch): plain decoding, or speculative when it asks for drafts. Rows that stop
+    early keep being stepped with their last sampled token, and what they produce is ignored, so at
+    the end `state` rows hold no meaningful continuation."""
+    if isinstance(state, list):
+        return _generate_rows(model, state, request)
     if request.speculation is not None and request.speculation.most > 0:
         return speculative_decode(model, state, request)
     return plain_decode(model, state, request)
+
+
+def _generate_rows(model, rows: list[Sequences], request: GenerationRequest) -> list[Generation]:
+    """Rows that read prompts of different lengths, decoded as one batch (`Sequences.stack`; decoding
+    is memory-bound, so a batch costs about what one row does). The rows are spent: the batch holds
+    the only copy of their states while it decodes, and what it freed goes back to the OS after."""
+    batch = Sequences.stack(rows)
+    rows.clear()
+    try:
+        return generate_batch(model, batch, request)
+    finally:
+        del batch
+        release_free_memory()
 
 
 def plain_decode(model, state, request: GenerationRequest) -> list[Generation]:
@@ -300,7 +318,6 @@ def speculative_decode(model, state, request: GenerationRequest) -> list[Generat
                 raise ValueError("this checkpoint has no multi-token-prediction head (mtp.*) to draft from")
             vocabulary = (t for context in start.contexts for t in context) if start.contexts is not None else None
             drafter = MTPDrafts(model, sequences.state, vocabulary, sequences.memory)
-            sequences.memory = None  # the drafter's from here on
         elif drafter is None:
             drafter = PromptLookups.over(start.contexts if start.contexts is not None else [()] * start.token.shape[0])
         _speculative_loop(model, sequences.state, start.sample, start.rows, start.token, speculation.most, drafter, speculation.costs)
@@ -321,6 +338,8 @@ class _Start:
     def of(cls, model, state, request: GenerationRequest) -> _Start:
         sequences = state if isinstance(state, Sequences) else Sequences(state)
         first_logits, contexts = request.first_logits, request.contexts
+        if first_logits is None and request.prompts is None:
+            first_logits = sequences.logits  # the rows have read their prompts
         if first_logits is None:
             if request.prompts is None:
                 raise ValueError("give prompts or first_logits")

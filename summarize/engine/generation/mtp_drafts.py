@@ -93,13 +93,14 @@ class HeadCache:
 class MTPDrafts:
     """Drafts for every row of a batch from `model.mtp` (a `drafter.Drafter`), kept in step with
     `state` (the model's): in `cache` when it has read the prompt with the model, else in a cache of
-    its own from the prompt's last position. A cache given is this object's from here on."""
+    its own from the prompt's last position."""
 
     def __init__(self, model, state, vocabulary: Iterable[int] | None = None, cache: HeadCache | None = None) -> None:
         self.model, self.head = model, model.mtp
         self.waiting: Tensor | None = None  # the hidden state [B, 1, H] whose following token `start` gives
         if cache is not None and cache.waiting is not None:
             self.state, self.waiting = cache.state, cache.waiting
+            cache.waiting = None  # read from here on by this object, not by a prefill (a restore brings it back)
         else:
             self.state = self.head.new_state(state.batch_size, model.dtype, model.device)
             self.state.position = state.position
@@ -133,10 +134,10 @@ class MTPDrafts:
         """The head can draft `most` for every running row (it drafts only what is verified)."""
         return [most if row in running else 0 for row in range(self.state.batch_size)]
 
-    def propose(self, most: int, running: Collection[int] | None = None) -> list[list[int]]:
-        """Up to `most` drafted tokens per running row ([] for every row before anything has landed).
-        The head reads what landed whatever `most`: with 0 it only keeps its cache in step."""
-        drafts = self._propose(most)
+    def propose(self, width: int, running: Collection[int] | None = None) -> list[list[int]]:
+        """Up to `width` drafted tokens per running row ([] for every row before anything has landed).
+        The head reads what landed whatever `width`: with 0 it only keeps its cache in step."""
+        drafts = self._propose(width)
         return drafts if running is None else [d if row in running else [] for row, d in enumerate(drafts)]
 
     def _propose(self, most: int) -> list[list[int]]:

@@ -1,15 +1,19 @@
 """The rows a generation reads into and writes from: the model's state, and beside it the memory
 a drafter keeps of what the model read (the MTP head's cache), snapshotted, restored and stacked
-together, so that the model's `State` carries nothing of any drafter."""
+together, so that the model's `State` carries nothing of any drafter; and the logits of each
+row's next token once it has read its prompt. A caller that speaks token ids only `read`s rows
+and hands them to `generate.generate_batch`, which stacks them: tensors stay in the engine."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from torch import Tensor
 
 from summarize.engine.generation.drafter import DraftMemory
+from summarize.engine.memory import release_free_memory
 from summarize.engine.state import Snapshot, State
 
 
@@ -26,6 +30,8 @@ class Sequences:
 
     state: State
     memory: DraftMemory | None = None
+    # [B, V]: the logits of each row's next token, after a `read`; None until then, and after a restore
+    logits: Tensor | None = field(default=None, repr=False)
 
     @property
     def batch_size(self) -> int:
@@ -63,6 +69,12 @@ class Sequences:
             self.memory = None
         return logits
 
+    def read(self, model, ids: list[int]) -> None:
+        """Read the token ids `ids` into this batch-1 row (`prefill`), keeping the next token's logits;
+        what the read freed goes back to the OS, so that memory stays flat chunk after chunk."""
+        self.logits = self.prefill(model, torch.tensor([ids], dtype=torch.long, device=model.device))
+        release_free_memory()
+
     def snapshot(self) -> SequencesSnapshot:
         return SequencesSnapshot(self.state.snapshot(), self.memory.snapshot() if self.memory is not None else None)
 
@@ -70,6 +82,7 @@ class Sequences:
         """Come back to `snapshot` (one of batch 1 into any batch size); a memory not in that
         snapshot has not read its positions, and is dropped."""
         self.state.restore(snapshot.state)
+        self.logits = None
         if self.memory is not None and snapshot.memory is not None:
             self.memory.restore(snapshot.memory, self.batch_size)
         else:
@@ -82,10 +95,12 @@ class Sequences:
             return rows[0]
         memories = [row.memory for row in rows]
         memory = type(memories[0]).stack(memories) if all(m is not None for m in memories) else None
-        return cls(State.stack([row.state for row in rows]), memory)
+        logits = torch.cat([row.logits for row in rows]) if all(row.logits is not None for row in rows) else None
+        return cls(State.stack([row.state for row in rows]), memory, logits)
 
     def reset(self) -> None:
         self.state.reset()
+        self.logits = None
         if self.memory is not None:
             self.memory.reset()
 
@@ -100,4 +115,4 @@ class Sequences:
 
     def load(self, path: str | Path) -> None:
         self.state.load(path)
-        self.memory = None
+        self.memory = self.logits = None
