@@ -74,8 +74,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from summarize.engine import load_model  # noqa: E402
-from summarize.engine.generation.drafts import DraftCosts  # noqa: E402
-from summarize.engine.generation.generate import generate, generate_batch  # noqa: E402
+from summarize.engine.generation.drafts import DraftCosts, PromptLookups  # noqa: E402
+from summarize.engine.generation.generate import GenerationRequest, Speculation, generate, generate_batch  # noqa: E402
 from summarize.engine.loading import default_dtype  # noqa: E402
 from summarize.engine.tokenizers.tokenizer import Tokenizer  # noqa: E402
 from summarize.settings import DEFAULT_SPECULATE  # noqa: E402
@@ -247,8 +247,8 @@ def throughput(model, tokenizer, prompt: torch.Tensor, tokens: int, runs: int, s
         first = model.prefill(prompt, state)
         oracle = Oracle(model, state, share, reference.token_ids) if share is not None else None
         start = time.perf_counter()
-        out = generate_batch(model, None, state, tokenizer=tokenizer, stop_ids=[], max_new_tokens=tokens, first_logits=first,
-                             speculate=ORACLE_DRAFTS if oracle else 0, drafters=[oracle] if oracle else None, draft_costs=costs)[0]
+        out = generate_batch(model, state, GenerationRequest(tokenizer=tokenizer, stop_ids=[], max_new_tokens=tokens, first_logits=first,
+                             speculation=Speculation(ORACLE_DRAFTS, PromptLookups([oracle]), costs=costs) if oracle else None))[0]
         return out, len(out.token_ids) / (time.perf_counter() - start - (oracle.seconds if oracle else 0.0))
 
     reference, _ = run()  # warm-up, and the plain output to compare with
@@ -286,8 +286,9 @@ def same_text_ours(model, tokenizer, text: str, tokens: int, runs: int) -> dict:
         state = model.new_state(1)
         first = model.prefill(torch.tensor([ids]), state)
         start = time.perf_counter()
-        out = generate(model, None, state, tokenizer=tokenizer, stop_ids=[], max_new_tokens=tokens,
-                       first_logits=first, speculate=speculate, context=ids)
+        out = generate(model, state, GenerationRequest(
+            tokenizer=tokenizer, stop_ids=[], max_new_tokens=tokens, first_logits=first, contexts=[ids],
+            speculation=Speculation(most=speculate)))
         return out, len(out.token_ids) / (time.perf_counter() - start)
 
     run(DEFAULT_SPECULATE)  # warm-up

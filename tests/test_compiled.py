@@ -158,7 +158,8 @@ def test_the_mtp_head_reads_a_prompt_through_the_compiled_prefill_as_eagerly(tmp
     its cache holds what the eager head's holds."""
     from safetensors.torch import save_file
 
-    from summarize.engine.generation.mtp_drafts import with_drafter
+    from summarize.engine.generation.mtp_drafts import HeadCache
+    from summarize.engine.generation.sequences import Sequences
     from tiny_models import mtp_reference
 
     reference = dense_reference()
@@ -168,9 +169,9 @@ def test_the_mtp_head_reads_a_prompt_through_the_compiled_prefill_as_eagerly(tmp
     compiled = compiled_from_the_start(load_model(folder, device="cpu", dtype=torch.float32, compile=True))
     caches = {}
     for name, model in (("eager", eager), ("compiled", compiled)):
-        state = with_drafter(model, model.new_state(1))
-        model.prefill(prompt(23, seed=5), state)
-        cache = state.drafter.layers[0]
+        state = Sequences(model.new_state(1), HeadCache.new(model, 1))
+        state.prefill(model, prompt(23, seed=5))
+        cache = state.memory.state.layers[0]
         caches[name] = (cache.keys[:, :, : cache.length], cache.values[:, :, : cache.length])
     assert caches["compiled"][0].shape[2] == 22  # every position but the last, which waits for its next token
     for got, want in zip(caches["compiled"], caches["eager"]):

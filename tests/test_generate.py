@@ -7,7 +7,14 @@ import tokenizers
 import torch
 from tokenizers import AddedToken
 
-from summarize.engine.generation.generate import Generation, SamplingParams, generate, generate_batch, greedy_token
+from summarize.engine.generation.generate import (
+    Generation,
+    GenerationRequest,
+    SamplingParams,
+    generate,
+    generate_batch,
+    greedy_token,
+)
 from summarize.engine.tokenizers.tokenizer import Tokenizer
 
 IM_END, ENDOFTEXT = 256, 257
@@ -93,8 +100,8 @@ class ScriptModel(TableModel):
 
 
 def run(model, prompt, max_new_tokens=20, stop_ids=(IM_END, ENDOFTEXT), **kw) -> Generation:
-    return generate(model, prompt, FakeState(1), tokenizer=TOK, stop_ids=stop_ids,
-                    max_new_tokens=max_new_tokens, **kw)
+    return generate(model, FakeState(1), GenerationRequest(
+        prompts=prompt, tokenizer=TOK, stop_ids=stop_ids, max_new_tokens=max_new_tokens, **kw))
 
 
 def greedy_chain(model: TableModel, last: int, n: int, penalty: float = 0.0) -> list[int]:
@@ -149,8 +156,7 @@ def test_first_logits_skips_the_prefill():
     model = TableModel()
     state = FakeState(1)
     logits = model.prefill(torch.tensor([PROMPT]), state)
-    gen = generate(model, None, state, tokenizer=TOK, stop_ids={IM_END}, max_new_tokens=8,
-                   first_logits=logits[0])
+    gen = generate(model, state, GenerationRequest(tokenizer=TOK, stop_ids={IM_END}, max_new_tokens=8, first_logits=logits[0]))
     assert model.prefills == 1
     assert gen.token_ids == greedy_chain(model, PROMPT[-1], 8)
 
@@ -187,8 +193,7 @@ def test_sampling_stays_in_the_top_k():
     model = TableModel()
     state = FakeState(1)
     params = SamplingParams(temperature=10.0, top_k=3, seed=0)  # hot: all 3 get picked
-    gen = generate(model, PROMPT, state, tokenizer=TOK, stop_ids=(), max_new_tokens=200,
-                   sampling=params)
+    gen = generate(model, state, GenerationRequest(prompts=PROMPT, tokenizer=TOK, stop_ids=(), max_new_tokens=200, sampling=params))
     last = PROMPT[-1]
     for tid in gen.token_ids:
         assert tid in model.table[last].topk(3).indices.tolist()
@@ -202,8 +207,8 @@ def test_unfiltered_sampling_follows_the_distribution():
     params = SamplingParams(temperature=2.0, seed=0)
     counts = torch.zeros(VOCAB)
     for _ in range(2000):
-        gen = generate(model, None, FakeState(1), tokenizer=TOK, stop_ids=(), max_new_tokens=1,
-                       sampling=params, first_logits=logits)
+        gen = generate(model, FakeState(1), GenerationRequest(
+            tokenizer=TOK, stop_ids=(), max_new_tokens=1, sampling=params, first_logits=logits))
         counts[gen.token_ids[0]] += 1
         params.seed += 1
     expected = torch.softmax(logits / 2.0, dim=-1)
@@ -241,8 +246,8 @@ def test_batch_equals_one_by_one(overlap, sampling):
     singles = [run(model, p, max_new_tokens=25, stop_ids=stops, sampling=sampling) for p in prompts]
     assert [g.stop_reason for g in singles] == ["stop", "stop", "length", "length"]
     assert len(singles[0].token_ids) != len(singles[1].token_ids)
-    batch = generate_batch(model, prompts, FakeState(len(prompts)), tokenizer=TOK, stop_ids=stops,
-                           max_new_tokens=25, sampling=sampling, overlap=overlap)
+    batch = generate_batch(model, FakeState(len(prompts)), GenerationRequest(
+        prompts=prompts, tokenizer=TOK, stop_ids=stops, max_new_tokens=25, sampling=sampling, overlap=overlap))
     assert batch == singles
 
 
@@ -253,12 +258,11 @@ def test_batch_streams_per_row_and_rejects_ragged_prompts():
     def on_text(row, text):
         streamed[row] += text
 
-    batch = generate_batch(TableModel(), prompts, FakeState(4), tokenizer=TOK, stop_ids={IM_END},
-                           max_new_tokens=10, on_text=on_text)
+    batch = generate_batch(TableModel(), FakeState(4), GenerationRequest(
+        prompts=prompts, tokenizer=TOK, stop_ids={IM_END}, max_new_tokens=10, on_text=on_text))
     assert [streamed[i] for i in range(4)] == [g.text for g in batch]
     with pytest.raises(ValueError, match="different lengths"):
-        generate_batch(TableModel(), [[1, 2], [3]], FakeState(2), tokenizer=TOK, stop_ids=(),
-                       max_new_tokens=4)
+        generate_batch(TableModel(), FakeState(2), GenerationRequest(prompts=[[1, 2], [3]], tokenizer=TOK, stop_ids=(), max_new_tokens=4))
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -266,7 +270,7 @@ def test_streamed_text_equals_final_text(overlap):
     text = "héllo 世界 👨‍👩‍👧 ok"
     model = ScriptModel(list(text.encode()))
     pieces = []
-    gen = run(model, PROMPT, max_new_tokens=100, on_text=pieces.append, overlap=overlap)
+    gen = run(model, PROMPT, max_new_tokens=100, on_text=lambda _row, piece: pieces.append(piece), overlap=overlap)
     assert gen.stop_reason == "stop"
     assert gen.text == text
     assert "".join(pieces) == text
@@ -301,8 +305,7 @@ def test_cuda_overlap_matches_plain_loop():
     def on_cuda(**kw):
         state = FakeState(1)
         state.last = state.last.cuda()
-        return generate(model, PROMPT, state, tokenizer=TOK, stop_ids={IM_END},
-                        max_new_tokens=30, **kw)
+        return generate(model, state, GenerationRequest(prompts=PROMPT, tokenizer=TOK, stop_ids={IM_END}, max_new_tokens=30, **kw))
 
     assert on_cuda(overlap=True).token_ids == on_cuda(overlap=False).token_ids == cpu_greedy
     for params in (SamplingParams(temperature=1.0, seed=3),

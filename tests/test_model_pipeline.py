@@ -202,9 +202,9 @@ def test_documents_share_their_decode_batches(model_dir, monkeypatch):
     batches = []
     real = model_summarizer.generate_batch
 
-    def recording(model, prompts, state, **kwargs):
-        batches.append(state.batch_size)
-        return real(model, prompts, state, **kwargs)
+    def recording(model, rows, request):
+        batches.append(len(rows))
+        return real(model, rows, request)
 
     monkeypatch.setattr(model_summarizer, "generate_batch", recording)
     # what each document went through, whatever the random model wrote
@@ -241,10 +241,10 @@ def recording_budgets(monkeypatch, limit: int) -> list[int]:
     budgets: list[int] = []
     real = model_summarizer.generate_batch
 
-    def recording(model, prompts, state, **kwargs):
-        budgets.append(kwargs["max_new_tokens"])
-        assert kwargs["max_new_tokens"] <= limit, f"a decode budget of {kwargs['max_new_tokens']} tokens"
-        return real(model, prompts, state, **kwargs)
+    def recording(model, state, request):
+        budgets.append(request.max_new_tokens)
+        assert request.max_new_tokens <= limit, f"a decode budget of {request.max_new_tokens} tokens"
+        return real(model, state, request)
 
     monkeypatch.setattr(model_summarizer, "generate_batch", recording)
     return budgets

@@ -13,9 +13,11 @@ import torch
 from safetensors.torch import save_file
 
 from summarize.engine import load_model
-from summarize.engine.generation.generate import generate_batch
-from summarize.engine.generation.mtp_drafts import MTPDrafts, with_drafter
-from summarize.engine.state import State
+from summarize.engine.generation.drafter import Drafter, DraftMemory
+from summarize.engine.generation.drafts import PromptLookups
+from summarize.engine.generation.generate import GenerationRequest, Speculation, generate_batch
+from summarize.engine.generation.mtp_drafts import HeadCache, MTPDrafts
+from summarize.engine.generation.sequences import Sequences
 from test_generate import TOK
 from tiny_models import dense_reference, moe_reference, mtp_reference, save_checkpoint
 
@@ -44,6 +46,11 @@ def reference_head(reference, head, following: torch.Tensor, hidden: torch.Tenso
     mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
     out = head.layers[0](x, position_embeddings=rotary, attention_mask=mask, position_ids=positions)
     return head.norm(out[0] if isinstance(out, tuple) else out)
+
+
+def with_head(model, batch: int) -> Sequences:
+    """A new state with the head's cache beside it, as `--drafts mtp` makes them."""
+    return Sequences(model.new_state(batch), HeadCache.new(model, batch))
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -128,13 +135,13 @@ def test_the_head_reads_the_prompt_as_the_model_does_one_position_behind(family,
     over the whole prompt."""
     reference, head, model = family
     prompt = torch.randint(0, VOCAB, (1, 13), generator=torch.Generator().manual_seed(7))
-    state = with_drafter(model, model.new_state(1))
-    first = model.prefill(prompt, state).argmax(dim=-1)
-    assert state.drafter.position == 12 and state.drafter.kv_tokens == 12  # the last waits for `first`
-    drafts = MTPDrafts(model, state)
+    rows = with_head(model, 1)
+    first = rows.prefill(model, prompt).argmax(dim=-1)
+    assert rows.memory.state.position == 12 and rows.memory.state.kv_tokens == 12  # the last waits for `first`
+    drafts = MTPDrafts(model, rows.state, cache=rows.memory)
     drafts.start(first)
     assert drafts.propose(4)[0] == head_guesses(reference, head, prompt, int(first), 4)
-    assert drafts.state is state.drafter and drafts.state.kv_tokens == 13
+    assert drafts.state is rows.memory.state and drafts.state.kv_tokens == 13
 
 
 def test_a_snapshot_of_the_instruction_brings_the_heads_cache_back_and_rows_stack(family, short_blocks):
@@ -144,16 +151,17 @@ def test_a_snapshot_of_the_instruction_brings_the_heads_cache_back_and_rows_stac
     gen = torch.Generator().manual_seed(8)
     instruction = torch.randint(0, VOCAB, (1, 7), generator=gen)
     chunks = [torch.randint(0, VOCAB, (1, n), generator=gen) for n in (9, 4)]
-    prefix = with_drafter(model, model.new_state(1))
-    model.prefill(instruction, prefix)
+    prefix = with_head(model, 1)
+    prefix.prefill(model, instruction)
     snapshot = prefix.snapshot()
     states, firsts = [], []
     for chunk in chunks:
-        state = with_drafter(model, model.new_state(1))
+        state = with_head(model, 1)
         state.restore(snapshot)
-        firsts.append(model.prefill(chunk, state).argmax(dim=-1))
+        firsts.append(state.prefill(model, chunk).argmax(dim=-1))
         states.append(state)
-    drafts = MTPDrafts(model, State.stack(states))
+    batch = Sequences.stack(states)
+    drafts = MTPDrafts(model, batch.state, cache=batch.memory)
     drafts.start(torch.cat(firsts))
     got = drafts.propose(3)
     for row, (chunk, first) in enumerate(zip(chunks, firsts)):
@@ -165,11 +173,15 @@ def test_a_state_that_read_without_the_head_drops_its_cache(family):
     prompt = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(9))
     plain = model.new_state(1)
     model.prefill(prompt, plain)
-    state = with_drafter(model, model.new_state(1))
-    state.restore(plain.snapshot())  # the head has not read these positions
-    assert state.drafter is None
-    model.prefill(prompt, state)  # nothing for the head to keep in step with
-    assert state.drafter is None
+    state = with_head(model, 1)
+    state.restore(Sequences(plain).snapshot())  # the head has not read these positions
+    assert state.memory is None
+    state.prefill(model, prompt)  # nothing for the head to keep in step with
+    assert state.memory is None
+    state = with_head(model, 1)
+    state.state.restore(plain.snapshot())  # the model's state alone: the head is out of step
+    state.prefill(model, prompt)
+    assert state.memory is None
 
 
 @pytest.mark.parametrize("cache", ["with the head's cache", "without"])
@@ -180,11 +192,11 @@ def test_greedy_output_is_the_same_with_drafts_from_the_head(family, cache):
     prompts = torch.randint(0, VOCAB, (3, 9), generator=torch.Generator().manual_seed(3))
 
     def run(state, **speculation):
-        return generate_batch(model, prompts, state, tokenizer=TOK, stop_ids=[], max_new_tokens=30, **speculation)
+        return generate_batch(model, state, GenerationRequest(prompts=prompts, tokenizer=TOK, stop_ids=[], max_new_tokens=30, **speculation))
 
     plain = run(model.new_state(3))
-    state = with_drafter(model, model.new_state(3)) if cache != "without" else model.new_state(3)
-    drafted = run(state, speculate=4, mtp=True, draft_costs=free_verify())
+    state = with_head(model, 3) if cache != "without" else model.new_state(3)
+    drafted = run(state, speculation=Speculation(4, mtp=True, costs=free_verify()))
     assert [g.token_ids for g in drafted] == [g.token_ids for g in plain]
     assert all(g.draft_tokens > 0 for g in drafted)
 
@@ -202,8 +214,8 @@ class KnownAnswers(MTPDrafts):
         super().landed(hidden, following, counts)
         self.known = [k + n for k, n in zip(self.known, counts.tolist())]
 
-    def propose(self, most):
-        guesses = super().propose(most)
+    def propose(self, most, running=None):
+        guesses = super().propose(most, running)
         out = []
         for row, (answer, k) in enumerate(zip(self.answers, self.known)):
             draft = list(answer[k : k + len(guesses[row])])
@@ -221,12 +233,13 @@ def test_the_heads_cache_holds_what_the_model_kept_whatever_lengths_rows_keep(fa
     plain one."""
     _, _, model = family
     prompts = torch.randint(0, VOCAB, (rows, 9), generator=torch.Generator().manual_seed(4))
-    plain = generate_batch(model, prompts, model.new_state(rows), tokenizer=TOK, stop_ids=[], max_new_tokens=30)
+    plain = generate_batch(model, model.new_state(rows), GenerationRequest(prompts=prompts, tokenizer=TOK, stop_ids=[], max_new_tokens=30))
     state = model.new_state(rows)
     first = model.prefill(prompts, state)
     drafts = KnownAnswers(model, state, [g.token_ids for g in plain], wrong=[4, 3, 6][:rows])
-    drafted = generate_batch(model, None, state, tokenizer=TOK, stop_ids=[], max_new_tokens=30, first_logits=first,
-                             speculate=4, drafters=drafts, draft_costs=free_verify(rows))
+    drafted = generate_batch(model, state, GenerationRequest(
+        tokenizer=TOK, stop_ids=[], max_new_tokens=30, first_logits=first,
+        speculation=Speculation(most=4, drafter=drafts, costs=free_verify(rows))))
     assert [g.token_ids for g in drafted] == [g.token_ids for g in plain]
     assert all(g.accepted_tokens > 5 for g in drafted) and len({g.accepted_tokens for g in drafted}) == min(rows, 2)
 
@@ -253,6 +266,17 @@ def free_verify(batch: int = 3):
     return FixedCosts(batch, 0.0)
 
 
+def test_both_drafters_and_the_heads_cache_answer_their_contracts(family):
+    from test_layer_state import misses
+
+    _, _, model = family
+    drafters = [PromptLookups.over([[1, 2, 3]]), MTPDrafts(model, model.new_state(1))]
+    for drafter in drafters:
+        assert isinstance(drafter, Drafter) and misses(type(drafter), drafter, Drafter) == []
+    cache = HeadCache.new(model, 1)
+    assert isinstance(cache, DraftMemory) and misses(HeadCache, cache, DraftMemory) == []
+
+
 def test_where_drafting_does_not_pay_the_head_guesses_nothing_but_keeps_its_cache_in_step(family):
     """The planner decides first: with verifying as dear as decoding it drafts nothing, and the
     head then only reads what each step landed (one position a step), so a text with nothing to
@@ -266,8 +290,9 @@ def test_where_drafting_does_not_pay_the_head_guesses_nothing_but_keeps_its_cach
     drafts = MTPDrafts(model, state)
     guesses = []
     real_propose = drafts.propose
-    drafts.propose = lambda most: guesses.append(most) or real_propose(most)
-    out = generate_batch(model, None, state, tokenizer=TOK, stop_ids=[], max_new_tokens=20, first_logits=first,
-                         speculate=4, drafters=drafts, draft_costs=FixedCosts(1, 1.0))[0]
+    drafts.propose = lambda most, running: guesses.append(most) or real_propose(most, running)
+    out = generate_batch(model, state, GenerationRequest(
+        tokenizer=TOK, stop_ids=[], max_new_tokens=20, first_logits=first,
+        speculation=Speculation(most=4, drafter=drafts, costs=FixedCosts(1, 1.0))))[0]
     assert out.draft_tokens == 0 and set(guesses) == {0}
     assert drafts.state.position == state.position - 1 and drafts.state.kv_tokens == 19  # all but the last step's

@@ -267,13 +267,14 @@ def test_model_is_the_qwen_class(dense):
 
 
 def test_greedy_generation_equals_transformers_generate(dense):
-    from summarize.engine.generation.generate import generate
+    from summarize.engine.generation.generate import GenerationRequest, generate
 
     reference, model = dense
     prompt = random_ids(1, 23, seed=19)
     with torch.no_grad():
         want = reference.generate(prompt, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
-    got = generate(model, prompt[0].tolist(), model.new_state(1), tokenizer=_NoText(), stop_ids=(), max_new_tokens=20)
+    got = generate(model, model.new_state(1), GenerationRequest(
+        prompts=prompt[0].tolist(), tokenizer=_NoText(), stop_ids=(), max_new_tokens=20))
     assert got.token_ids == want[0, 23:].tolist()
 
 

@@ -33,7 +33,7 @@ import pytest
 import torch
 
 from summarize.engine import load_model, load_tokenizer
-from summarize.engine.generation.generate import SamplingParams, generate_batch
+from summarize.engine.generation.generate import GenerationRequest, SamplingParams, Speculation, generate_batch
 from summarize.engine.models.rwkv6 import RWKV6Model
 from summarize.engine.ops.rwkv6_wkv import (
     DEFAULT_CHUNK_SIZE,
@@ -252,11 +252,12 @@ class AnyText:
 
 def test_greedy_output_is_the_same_with_speculation(model):
     prompts = random_ids(2, 9, seed=11)
-    plain = generate_batch(model, prompts, model.new_state(2), tokenizer=AnyText(), stop_ids=[], max_new_tokens=40)
+    plain = generate_batch(model, model.new_state(2), GenerationRequest(prompts=prompts, tokenizer=AnyText(), stop_ids=[], max_new_tokens=40))
     # drafts looked up in a damaged copy of the answer: rows keep some drafts and reject others
     contexts = [prompts[row].tolist() + noisy_copy(gen.token_ids, VOCAB, 7 + row, 5) for row, gen in enumerate(plain)]
-    fast = generate_batch(model, prompts, model.new_state(2), tokenizer=AnyText(), stop_ids=[], max_new_tokens=40,
-                          speculate=8, contexts=contexts, draft_costs=FixedCosts(2, 0.0))
+    fast = generate_batch(model, model.new_state(2), GenerationRequest(
+        prompts=prompts, tokenizer=AnyText(), stop_ids=[], max_new_tokens=40, contexts=contexts,
+        speculation=Speculation(most=8, costs=FixedCosts(2, 0.0))))
     assert [g.token_ids for g in fast] == [g.token_ids for g in plain]
     assert all(0 < g.accepted_tokens < g.draft_tokens for g in fast)
 
@@ -265,11 +266,12 @@ def test_a_banned_token_is_never_sampled(model):
     prompt = random_ids(1, 12, seed=12)
     best = model.prefill(prompt, model.new_state(1))[0]
     first, second = best.topk(2).indices.tolist()
-    got = generate_batch(model, prompt, model.new_state(1), tokenizer=AnyText(), stop_ids=[], max_new_tokens=1,
-                         banned_ids={first})[0]
+    got = generate_batch(model, model.new_state(1), GenerationRequest(
+        prompts=prompt, tokenizer=AnyText(), stop_ids=[], max_new_tokens=1, banned_ids={first}))[0]
     assert got.token_ids == [second]
-    sampled = generate_batch(model, prompt.expand(64, -1), model.new_state(64), tokenizer=AnyText(), stop_ids=[],
-                             max_new_tokens=4, sampling=SamplingParams(temperature=5.0, seed=0), banned_ids={first})
+    sampled = generate_batch(model, model.new_state(64), GenerationRequest(
+        prompts=prompt.expand(64, -1), tokenizer=AnyText(), stop_ids=[], max_new_tokens=4, sampling=SamplingParams(temperature=5.0, seed=0),
+        banned_ids={first}))
     assert all(first not in g.token_ids for g in sampled)
 
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from summarize.engine import load_model
 from summarize.engine.generation.drafts import PROBE_DRAFTS, REPROBE_STEPS, DraftCosts, DraftPlanner, PromptLookup
-from summarize.engine.generation.generate import SamplingParams, generate_batch
+from summarize.engine.generation.generate import GenerationRequest, SamplingParams, Speculation, generate_batch
 from summarize.engine.ops.gated_delta_rule import naive_recurrent_gated_delta_rule, verify_gated_delta_rule
 from summarize.engine.ops.rwkv7_wkv import naive_recurrent_rwkv7, verify_rwkv7
 from summarize.engine.state import KV_GROWTH_TOKENS
@@ -172,8 +172,9 @@ def test_greedy_output_is_the_same_with_and_without_speculation(models, name, sa
     prompts = torch.randint(0, vocab, (3, 9), generator=torch.Generator().manual_seed(3))
 
     def run(speculate: int, contexts=None):
-        return generate_batch(model, prompts, model.new_state(3), tokenizer=TOK, stop_ids=[], max_new_tokens=48,
-                              sampling=sampling, speculate=speculate, contexts=contexts, draft_costs=FixedCosts(3, 0.0))
+        return generate_batch(model, model.new_state(3), GenerationRequest(
+            prompts=prompts, tokenizer=TOK, stop_ids=[], max_new_tokens=48, sampling=sampling, contexts=contexts,
+            speculation=Speculation(most=speculate, costs=FixedCosts(3, 0.0))))
 
     plain = run(0)
     # drafts looked up in a damaged copy of the answer: each row keeps different lengths
@@ -187,9 +188,10 @@ def test_greedy_output_is_the_same_with_and_without_speculation(models, name, sa
 def test_greedy_output_is_the_same_across_a_kv_cache_growth(models):
     model, vocab = models["dense"]
     prompt = torch.randint(0, vocab, (1, KV_GROWTH_TOKENS - 10), generator=torch.Generator().manual_seed(4))
-    plain = generate_batch(model, prompt, model.new_state(1), tokenizer=TOK, stop_ids=[], max_new_tokens=40)[0]
-    speculative = generate_batch(model, prompt, model.new_state(1), tokenizer=TOK, stop_ids=[], max_new_tokens=40,
-                                 speculate=8, contexts=[prompt[0].tolist() + plain.token_ids], draft_costs=FixedCosts(1, 0.0))[0]
+    plain = generate_batch(model, model.new_state(1), GenerationRequest(prompts=prompt, tokenizer=TOK, stop_ids=[], max_new_tokens=40))[0]
+    speculative = generate_batch(model, model.new_state(1), GenerationRequest(
+        prompts=prompt, tokenizer=TOK, stop_ids=[], max_new_tokens=40, contexts=[prompt[0].tolist() + plain.token_ids],
+        speculation=Speculation(most=8, costs=FixedCosts(1, 0.0))))[0]
     assert speculative.token_ids == plain.token_ids
     assert speculative.accepted_tokens > 20
 
@@ -197,12 +199,13 @@ def test_greedy_output_is_the_same_across_a_kv_cache_growth(models):
 def test_a_stop_token_inside_an_accepted_draft_ends_the_row_there(models):
     model, vocab = models["rwkv7"]
     prompt = torch.randint(0, vocab, (1, 9), generator=torch.Generator().manual_seed(5))
-    plain = generate_batch(model, prompt, model.new_state(1), tokenizer=TOK, stop_ids=[], max_new_tokens=30)[0]
+    plain = generate_batch(model, model.new_state(1), GenerationRequest(prompts=prompt, tokenizer=TOK, stop_ids=[], max_new_tokens=30))[0]
     stop = plain.token_ids[12]
     first = plain.token_ids.index(stop)
-    want = generate_batch(model, prompt, model.new_state(1), tokenizer=TOK, stop_ids=[stop], max_new_tokens=30)[0]
-    got = generate_batch(model, prompt, model.new_state(1), tokenizer=TOK, stop_ids=[stop], max_new_tokens=30,
-                         speculate=8, contexts=[prompt[0].tolist() + plain.token_ids], draft_costs=FixedCosts(1, 0.0))[0]
+    want = generate_batch(model, model.new_state(1), GenerationRequest(prompts=prompt, tokenizer=TOK, stop_ids=[stop], max_new_tokens=30))[0]
+    got = generate_batch(model, model.new_state(1), GenerationRequest(
+        prompts=prompt, tokenizer=TOK, stop_ids=[stop], max_new_tokens=30, contexts=[prompt[0].tolist() + plain.token_ids],
+        speculation=Speculation(most=8, costs=FixedCosts(1, 0.0))))[0]
     assert got.token_ids == want.token_ids == plain.token_ids[:first]
     assert got.stop_reason == "stop"
 
@@ -241,8 +244,9 @@ def test_sampled_output_keeps_its_distribution():
     # drafts: prompt lookup in a context where every token is followed by 0, then 1: often right, often wrong
     contexts = [[0, 1, 0, 3, 0, 1, 2, 0, 0]] * rows
     sampling = SamplingParams(temperature=1.0, seed=7)
-    out = generate_batch(model, prompts, model.new_state(rows), tokenizer=TOK, stop_ids=[], max_new_tokens=steps,
-                         sampling=sampling, speculate=4, contexts=contexts, draft_costs=FixedCosts(rows, 0.0))
+    out = generate_batch(model, model.new_state(rows), GenerationRequest(
+        prompts=prompts, tokenizer=TOK, stop_ids=[], max_new_tokens=steps, sampling=sampling, contexts=contexts,
+        speculation=Speculation(most=4, costs=FixedCosts(rows, 0.0))))
     assert sum(g.accepted_tokens for g in out) > rows // 2  # drafts were really kept
     probs = model.table.softmax(-1)
     expected = torch.zeros(4, 4, 4)

@@ -17,11 +17,13 @@ compiled ones from the outside, and the model does not know which it has.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import torch
 from torch import Tensor, nn
 
 from summarize.engine.diagnostics import LayerStats, Listener, Phase, merge_block_stats, report_span
-from summarize.engine.generation.mtp_drafts import read_span
 from summarize.engine.state import State
 
 
@@ -57,6 +59,9 @@ class RecurrentModel(nn.Module):
     prefill_block_tokens = 1024  # prefill runs in blocks of at most this many tokens: bounded activations
     compiles = False  # whether its steps may be compiled (`compiled.wanted`)
     layers: nn.ModuleList
+    # where the weights were read from (a folder, a GGUF file): the tokenizer and the read cache's
+    # identity are found from it; `loading.load_model` sets it, None for a model built in memory
+    source: Path | None
 
     def __init__(self) -> None:
         super().__init__()
@@ -64,6 +69,7 @@ class RecurrentModel(nn.Module):
         self.steps = Steps()
         self.compiled = None  # the compiled steps, once `compiled.compile_steps` has set them
         self.load_notes: list[str] = []  # what loading wants said (a GGUF file's widened kinds)
+        self.source = None
 
     # -- what a family supplies ----------------------------------------------------------------
 
@@ -99,15 +105,17 @@ class RecurrentModel(nn.Module):
         return self.logits(hidden)
 
     @torch.no_grad()
-    def prefill(self, input_ids: Tensor, state: State) -> Tensor:
+    def prefill(self, input_ids: Tensor, state: State, read_hidden: Callable[[Tensor, Tensor], None] | None = None) -> Tensor:
+        """`read_hidden(block [B, T], hidden [B, T, H])` is given each block's tokens and last-layer
+        outputs as they are read, for what reads along with the model (a drafting head)."""
         # prefill always checks the state: cheap per block
         blocks: list[tuple[int, LayerStats]] = []
         for start in range(0, input_ids.shape[1], self.prefill_block_tokens):
             block = input_ids[:, start : start + self.prefill_block_tokens]
             self.steps.will_read(self, block.shape[1])
             hidden, stats = self.run_layers(block, state, with_stats=True)
-            if state.drafter is not None:  # the MTP head reads the prompt as the model does
-                read_span(self, state, block, hidden)
+            if read_hidden is not None:
+                read_hidden(block, hidden)
             blocks.append((block.shape[1], stats))
         self._report(merge_block_stats(blocks), state, "prefill", input_ids.shape[1])
         return self.logits(hidden[:, -1])

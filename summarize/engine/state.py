@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 from safetensors import safe_open
@@ -306,18 +306,43 @@ class KVCache:
         self.append(saved["keys"].to(self.keys.dtype), saved["values"].to(self.values.dtype))
 
 
-LayerState = RecurrentLayerState | KVCache
+@runtime_checkable
+class LayerState(Protocol):
+    """What `State`, the diagnostics and the compiled steps ask of any layer's state, whatever its
+    kind: a new kind answers all of it (tests/test_layer_state.py checks each kind does)."""
+
+    bytes_per_token: int  # bytes one more cached token adds, all rows (0: a fixed-size state)
+    cached_tokens: int  # tokens held that grow with the context (0: a fixed-size state)
+
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def drafting(self) -> bool: ...
+
+    def begin_draft(self) -> None: ...
+    def accept(self, counts: torch.Tensor, with_stats: bool): ...
+    def discard(self) -> None: ...
+    def snapshot(self): ...
+    def restore(self, saved) -> None: ...
+    @classmethod
+    def stack(cls, rows: list): ...
+    def reset(self) -> None: ...
+    def keep_window(self, keep_first: int, keep_last: int) -> None: ...
+    def tensors(self) -> dict[str, torch.Tensor]: ...
+    def check(self, saved: dict[str, torch.Tensor], where: str) -> None: ...
+    def load(self, saved: dict[str, torch.Tensor]) -> None: ...
 
 
 @dataclass
 class Snapshot:
-    """A point to come back to: each layer's own snapshot, and the position (and the drafting
-    head's, when the state has one)."""
+    """A point to come back to: each layer's own snapshot, and the position."""
 
     layers: list
     position: int
-    drafter: Snapshot | None = None
-    drafter_hidden: torch.Tensor | None = None
 
 
 @dataclass
@@ -327,15 +352,9 @@ class State:
     layers: list[LayerState]
     position: int = 0  # tokens consumed so far (the rotary position of the next token)
     row_positions: torch.Tensor | None = None  # [B] per-row positions when rows read different lengths
-    # the last layer's output [B, T, H] over the span last read (before the final norm), for a
-    # drafter that reads hidden states (the MTP head); None until a span is read after a restore
+    # the last layer's output [B, T, H] over the span last read (before the final norm), for
+    # whatever reads hidden states (a drafting head); None until a span is read after a restore
     last_hidden: torch.Tensor | None = field(default=None, repr=False, compare=False)
-    # A drafting head's own state (the MTP head's KV cache), when the model drafts with one: it has
-    # read the model's hidden state at every position whose following token is known, so it runs
-    # one position behind; `drafter_hidden` [B, 1, H] is the model's output at the last position
-    # read, waiting for the token that follows it (`mtp_drafts`).
-    drafter: State | None = field(default=None, repr=False, compare=False)
-    drafter_hidden: torch.Tensor | None = field(default=None, repr=False, compare=False)
     _draft_position: int = field(default=0, repr=False, compare=False)  # where the open draft began
 
     @property
@@ -344,13 +363,12 @@ class State:
 
     @property
     def nbytes(self) -> int:
-        return sum(layer.nbytes for layer in self.layers) + (self.drafter.nbytes if self.drafter else 0)
+        return sum(layer.nbytes for layer in self.layers)
 
     @property
     def kv_nbytes(self) -> int:
         """Bytes of what grows with the context: the attention layers' cached tokens."""
-        own = sum(layer.bytes_per_token * layer.cached_tokens for layer in self.layers)
-        return own + (self.drafter.kv_nbytes if self.drafter else 0)
+        return sum(layer.bytes_per_token * layer.cached_tokens for layer in self.layers)
 
     @property
     def recurrent_nbytes(self) -> int:
@@ -360,7 +378,7 @@ class State:
     @property
     def bytes_per_token(self) -> int:
         """Bytes that one more cached token adds, for the whole batch (the attention layers' share)."""
-        return sum(layer.bytes_per_token for layer in self.layers) + (self.drafter.bytes_per_token if self.drafter else 0)
+        return sum(layer.bytes_per_token for layer in self.layers)
 
     @property
     def kv_tokens(self) -> int:
@@ -412,15 +430,10 @@ class State:
         layers = [type(rows[0]).stack(list(rows)) for rows in zip(*(state.layers for state in states))]
         positions = [state.position for state in states]
         row_positions = torch.tensor(positions, device=states[0].layers[0].device)
-        stacked = cls(layers=layers, position=max(positions), row_positions=row_positions)
-        if all(state.drafter is not None and state.drafter_hidden is not None for state in states):
-            stacked.drafter = cls.stack([state.drafter for state in states])
-            stacked.drafter_hidden = torch.cat([state.drafter_hidden for state in states])
-        return stacked
+        return cls(layers=layers, position=max(positions), row_positions=row_positions)
 
     def snapshot(self) -> Snapshot:
-        drafter = self.drafter.snapshot() if self.drafter is not None else None
-        return Snapshot([layer.snapshot() for layer in self.layers], self.position, drafter, self.drafter_hidden)
+        return Snapshot([layer.snapshot() for layer in self.layers], self.position)
 
     def restore(self, snapshot: Snapshot) -> None:
         """Come back to `snapshot`. A snapshot of batch 1 may be restored into any batch size."""
@@ -430,24 +443,12 @@ class State:
             layer.restore(saved)
         self.position = snapshot.position
         self.last_hidden = None
-        if self.drafter is not None and snapshot.drafter is not None and snapshot.drafter_hidden is not None:
-            self.drafter.restore(snapshot.drafter)
-            self.drafter_hidden = snapshot.drafter_hidden.expand(self.batch_size, -1, -1)
-        else:  # a snapshot taken without the head: it has not read these positions
-            self.drop_drafter()
-
-    def drop_drafter(self) -> None:
-        """Forget the drafting head's state (it is no longer in step with the model's)."""
-        self.drafter = self.drafter_hidden = None
 
     def reset(self) -> None:
         for layer in self.layers:
             layer.reset()
         self.position = 0
         self.last_hidden = None
-        if self.drafter is not None:
-            self.drafter.reset()
-            self.drafter_hidden = None
 
     def keep_attention_window(self, *, keep_first: int, keep_last: int) -> None:
         """Attention layers keep only the first and the last tokens, so their memory stays bounded.
@@ -458,7 +459,6 @@ class State:
         """
         for layer in self.layers:
             layer.keep_window(keep_first, keep_last)
-        self.drop_drafter()
 
     def save(self, path: str | Path, metadata: dict[str, str] | None = None) -> None:
         """Write the state as a safetensors file; `metadata` goes into its header beside the position."""
@@ -491,7 +491,6 @@ class State:
             layer.load(saved)
         self.position = position
         self.last_hidden = None
-        self.drop_drafter()  # a saved state does not carry the drafting head's
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

@@ -8,13 +8,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
-
 from summarize.diagnostics.log import DiagnosticsLog
 from summarize.engine.diagnostics import SpanReport
 from summarize.engine.generation.generate import generate_batch
-from summarize.engine.memory import release_free_memory
-from summarize.engine.state import State
 from summarize.errors import SummarizeError
 from summarize.inputs.words import count_words, trim_to_words
 from summarize.records import ModelProgress, Summary
@@ -247,7 +243,7 @@ class ModelSummarizer:
         snapshot = prefix_state.snapshot()
         for start in range(0, len(rows), self.map_batch):
             group = rows[start : start + self.map_batch]
-            states, first_logits, prompts = [], [], []
+            states, prompts = [], []
             for doc, chunk, prompt, _ in group:  # chunks differ in length: each is read on its own...
                 assert chunk.resets_state  # map-reduce: every chunk opens with the marker
                 self.progress = doc.progress
@@ -256,15 +252,12 @@ class ModelSummarizer:
                 self.progress.counters["restores"] += 1
                 self._phase(chunk.index, "prefill")
                 prompts.append(prompt)
-                first_logits.append(self._prefill(prompt, state))
+                self._prefill(prompt, state)
                 states.append(state)
             # ...and their notes are written together: decoding is memory-bound, a batch costs
             # about what one sequence does
-            batch = State.stack(states)
-            states.clear()  # the batch holds its own copy: keep one copy of the rows' states alive
             named = [(doc, chunk.index) for doc, chunk, _, _ in group]
-            generations = self._generate(torch.cat(first_logits), batch, NOTES_WORDS, prompts, named, phase="notes")
-            del batch
+            generations = self._generate(states, NOTES_WORDS, prompts, named, phase="notes")
             for (doc, chunk, _, key), generation in zip(group, generations):
                 doc.chunk_notes[chunk.index] = clean_output(generation.text)
                 if key is not None:  # kept as written, unusable ones too: they would be again
@@ -289,17 +282,12 @@ class ModelSummarizer:
             pairs.append((doc, tok.chat_prompt_ids(text)))
         for start in range(0, len(pairs), self.map_batch):
             group = pairs[start : start + self.map_batch]
-            states, first_logits = [], []
+            states = []
             for doc, prompt in group:
                 self.progress = doc.progress
-                logits, state = self._prompt_state(prompt, chunk=None if len(doc.chunks) > 1 else 0)
-                first_logits.append(logits)
-                states.append(state)
-            batch = State.stack(states)
-            states.clear()
+                states.append(self._prompt_state(prompt, chunk=None if len(doc.chunks) > 1 else 0))
             words = max(doc.words for doc, _ in group)  # the rows share one decode loop
-            generations = self._generate(torch.cat(first_logits), batch, words, [p for _, p in group], [(doc, None) for doc, _ in group])
-            del batch
+            generations = self._generate(states, words, [p for _, p in group], [(doc, None) for doc, _ in group])
             for (doc, _), generation in zip(group, generations):
                 doc.summary = trim_to_words(clean_output(generation.text), doc.words)
         for doc, prompt in pairs:
@@ -337,9 +325,9 @@ class ModelSummarizer:
                 if note is None:
                     self._phase(None, "merge")
                     state = self.s.new_state(1)
-                    logits = self._prefill(prompt, state)
+                    self._prefill(prompt, state)
                     self._phase(None, "decode")
-                    note = clean_output(self._generate(logits, state, NOTES_WORDS * 2, [prompt])[0].text)
+                    note = clean_output(self._generate([state], NOTES_WORDS * 2, [prompt])[0].text)
                     if key is not None:
                         self.cache.keep_notes(key, note)
                 merged.append(note)
@@ -365,10 +353,11 @@ class ModelSummarizer:
                 self.cache.keep_state(key, state)
         after_document = state.snapshot()
 
-        def ask() -> tuple[torch.Tensor, object]:
+        def ask():
             state.restore(after_document)
             self._phase(None, "prefill")
-            return self._prefill(tok.chat_suffix_ids("", STREAM_QUESTION.format(words=doc.words, focus=self.focus)), state), state
+            self._prefill(tok.chat_suffix_ids("", STREAM_QUESTION.format(words=doc.words, focus=self.focus)), state)
+            return state
 
         return self._final(ask, doc.words, read)
 
@@ -389,43 +378,42 @@ class ModelSummarizer:
     # -- the pieces ----------------------------------------------------------------------------
 
     def _final(
-        self, start: Callable[[], tuple[torch.Tensor, object]], words: int, context: list[int], attempts: int = 1 + RESTATE_LIMIT
+        self, start: Callable[[], object], words: int, context: list[int], attempts: int = 1 + RESTATE_LIMIT
     ) -> str:
-        """Generate the summary (drafts looked up in `context`), trim it to `words` on a sentence
-        end; ask again if unusable."""
+        """Generate the summary from the row `start` gives, having read its prompt (drafts looked up
+        in `context`), trim it to `words` on a sentence end; ask again if unusable."""
         for _ in range(attempts):
-            logits, state = start()
+            state = start()
             self._phase(None, "decode")
-            text = trim_to_words(clean_output(self._generate(logits, state, words, [context])[0].text), words)
+            text = trim_to_words(clean_output(self._generate([state], words, [context])[0].text), words)
             if count_words(text) > 0:
                 return text
             if self.s.sampling.temperature == 0:
                 break  # greedy would say the same again
         return ""
 
-    def _prompt_state(self, prompt: list[int], *, chunk: int | None) -> tuple[torch.Tensor, object]:
+    def _prompt_state(self, prompt: list[int], *, chunk: int | None):
+        """A new row that has read `prompt`."""
         state = self.s.new_state(1)
         self._phase(chunk, "prefill")
-        return self._prefill(prompt, state), state
+        self._prefill(prompt, state)
+        return state
 
     @staticmethod
     def _phase_seconds(counters: dict) -> dict[str, float]:
         return {phase: round(counters[f"{phase}_s"], 3) for phase in PHASES}
 
-    def _prefill(self, ids: list[int], state) -> torch.Tensor:
+    def _prefill(self, ids: list[int], state) -> None:
+        """Read the token ids `ids` into the row `state`, counted and timed."""
         started = time.perf_counter()
         self.progress.counters["tokens_in"] += len(ids)
-        input_ids = torch.tensor([ids], dtype=torch.long, device=self.s.model.device)
-        logits = self.s.model.prefill(input_ids, state)
-        release_free_memory()  # chunk after chunk, resident memory stays flat
+        state.read(self.s.model, ids)
         self.progress.counters["prefill_s"] += time.perf_counter() - started
-        return logits
 
-    def _generate(
-        self, logits: torch.Tensor, state, words: int, contexts: list[list[int]], rows: list | None = None, phase: str = "summary"
-    ) -> list:
-        """Generate from prefilled `state` up to the token budget for `words`; each row's drafts are
-        looked up in its `contexts` entry (the text it was given).
+    def _generate(self, states: list, words: int, contexts: list[list[int]], rows: list | None = None, phase: str = "summary") -> list:
+        """Generate from the rows `states`, each having read its prompt, up to the token budget for
+        `words`; each row's drafts are looked up in its `contexts` entry (the text it was given).
+        The engine decodes the rows as one batch, and they are spent.
 
         `rows`, for a batch that may span documents: one (document, chunk index or None) per row;
         the live view and the diagnostics records then name each row's document and chunk, and
@@ -433,18 +421,11 @@ class ModelSummarizer:
         "summary").
         """
         started = time.perf_counter()
-        budget = token_budget(words)
         if rows is not None:
             self.progress.rows = [(doc.name, chunk) for doc, chunk in rows]
             self._phase(rows[0][1], "decode")
         try:
-            results = generate_batch(
-                self.s.model, None, state, tokenizer=self.s.tokenizer, stop_ids=self.s.stop_ids,
-                max_new_tokens=budget, sampling=self.s.sampling, first_logits=logits,
-                stop_texts=self.s.tokenizer.stop_texts,  # RWKV: the answer ends where a new round opens
-                banned_ids=self.s.tokenizer.banned_ids,  # RWKV-6 World: end-of-text is never sampled
-                speculate=self.s.speculate, contexts=contexts, draft_costs=self.s.draft_costs, mtp=self.s.mtp,
-            )
+            results = generate_batch(self.s.model, states, self.s.request(token_budget(words), contexts))
         finally:
             self.progress.rows = None
         counters = [doc.progress.counters for doc, _ in rows] if rows is not None else [self.progress.counters] * len(results)
@@ -452,7 +433,6 @@ class ModelSummarizer:
             counter["tokens_out"] += len(result.token_ids)
             counter["draft_tokens"] += result.draft_tokens
             counter["accepted_tokens"] += result.accepted_tokens
-        release_free_memory()
         for counter in {id(c): c for c in counters}.values():  # a document with many rows counts the batch once
             counter[f"{phase}_s"] += time.perf_counter() - started
         return results

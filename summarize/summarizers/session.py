@@ -10,8 +10,9 @@ import torch
 
 from summarize.engine import load_model, load_tokenizer
 from summarize.engine.generation.drafts import DraftCosts
-from summarize.engine.generation.generate import SamplingParams
-from summarize.engine.generation.mtp_drafts import with_drafter
+from summarize.engine.generation.generate import GenerationRequest, SamplingParams, Speculation
+from summarize.engine.generation.mtp_drafts import HeadCache
+from summarize.engine.generation.sequences import Sequences
 from summarize.engine.tokenizers.tokenizer import Tokenizer
 from summarize.errors import SummarizeError
 from summarize.settings import Settings
@@ -34,11 +35,22 @@ class ModelSession:
     mtp: bool = False  # drafts from the checkpoint's multi-token-prediction head, not the document
     draft_costs: DraftCosts = field(default_factory=DraftCosts)  # what verifying costs here, learnt as it runs
 
-    def new_state(self, batch_size: int = 1):
-        """A new state for the model; with the MTP head's own beside it when drafts come from the
-        head, so that it reads the prompt as the model does (`mtp_drafts.with_drafter`)."""
-        state = self.model.new_state(batch_size)
-        return with_drafter(self.model, state) if self.mtp else state
+    def new_state(self, batch_size: int = 1) -> Sequences:
+        """A new state for the model; with the MTP head's cache beside it when drafts come from the
+        head, so that it reads the prompt as the model does (`mtp_drafts.HeadCache`)."""
+        memory = HeadCache.new(self.model, batch_size) if self.mtp else None
+        return Sequences(self.model.new_state(batch_size), memory)
+
+    def request(self, max_new_tokens: int, contexts: list[list[int]]) -> GenerationRequest:
+        """A generation of up to `max_new_tokens` tokens a row, with this session's stops, sampling
+        and drafts; each row's drafts are looked up in its `contexts` entry (the text it was given)."""
+        speculation = Speculation(self.speculate, mtp=self.mtp, costs=self.draft_costs) if self.speculate else None
+        return GenerationRequest(
+            tokenizer=self.tokenizer, stop_ids=self.stop_ids, max_new_tokens=max_new_tokens, sampling=self.sampling,
+            contexts=contexts, speculation=speculation,
+            stop_texts=self.tokenizer.stop_texts,  # RWKV: the answer ends where a new round opens
+            banned_ids=self.tokenizer.banned_ids,  # RWKV-6 World: end-of-text is never sampled
+        )
 
 
 def load_session(settings: Settings, notify: Callable[[str], None],

@@ -11,7 +11,9 @@ speculation costs almost nothing where it cannot pay.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+
+from torch import Tensor
 
 MAX_NGRAM = 3  # the longest n-gram looked up; shorter ones are tried when it is not found
 GAIN_MARGIN = 0.05  # draft only where the expected tokens per unit of time beat plain decoding by this
@@ -50,6 +52,36 @@ class PromptLookup:
             if start is not None:
                 return self.tokens[start : start + length]
         return []
+
+
+class PromptLookups:
+    """A `drafter.Drafter` for a batch: one `PromptLookup` per row (or any objects with its
+    `append` and `propose`), each fed the tokens its row emits."""
+
+    def __init__(self, lookups: Sequence) -> None:
+        self.lookups = list(lookups)
+        self.drafts: list[list[int]] = [[] for _ in self.lookups]  # what `available` found
+
+    @classmethod
+    def over(cls, contexts: Sequence[Sequence[int]]) -> PromptLookups:
+        """Lookups in each row's context (the text it was given)."""
+        return cls([PromptLookup(context) for context in contexts])
+
+    def start(self, token: Tensor) -> None:
+        for lookup, tid in zip(self.lookups, token.tolist()):
+            lookup.append(tid)
+
+    def available(self, most: int, running: Collection[int]) -> list[int]:
+        self.drafts = [lookup.propose(most) if row in running else [] for row, lookup in enumerate(self.lookups)]
+        return [len(draft) for draft in self.drafts]
+
+    def propose(self, width: int, running: Collection[int]) -> list[list[int]]:
+        return [draft[:width] if row in running else [] for row, draft in enumerate(self.drafts)]
+
+    def landed(self, hidden: Tensor, following: Tensor, counts: Tensor) -> None:
+        for lookup, tokens, n in zip(self.lookups, following.tolist(), counts.tolist()):
+            for tid in tokens[:n]:
+                lookup.append(tid)
 
 
 class DraftCosts:

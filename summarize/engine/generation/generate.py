@@ -1,6 +1,7 @@
-"""Token generation: sampling and the decode loop.
+"""Token generation: sampling and the decode loops.
 
-The model is anything with
+`generate_batch(model, state, GenerationRequest(...))` runs `plain_decode` or, when the request
+asks for drafts, `speculative_decode` (model.verify / model.accept as well). The model is anything with
     prefill(input_ids: LongTensor [B, T], state) -> FloatTensor [B, V]   (last position's logits)
     decode(token_ids: LongTensor [B], state)     -> FloatTensor [B, V]   (one step)
 both advancing `state` in place. Decoding is memory-bound, so the loop keeps per-token work
@@ -13,13 +14,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
 
-from summarize.engine.generation.drafts import DraftCosts, DraftPlanner, PromptLookup
+from summarize.engine.generation.drafter import Drafter
+from summarize.engine.generation.drafts import DraftCosts, DraftPlanner, PromptLookups
 from summarize.engine.generation.mtp_drafts import MTPDrafts
+from summarize.engine.generation.sequences import Sequences
+from summarize.engine.memory import release_free_memory
 from summarize.engine.tokenizers.tokenizer import IncrementalDetokenizer, Tokenizer
 
 # Candidates taken first when looking for the top-p nucleus on the CPU; most nuclei are smaller.
@@ -224,92 +228,150 @@ def _model_device(model) -> torch.device:
     return torch.device("cpu")
 
 
-def generate_batch(
-    model,
-    prompts: Sequence[Sequence[int]] | Tensor | None,
-    state,
-    *,
-    tokenizer: Tokenizer,
-    stop_ids: Collection[int],
-    max_new_tokens: int,
-    sampling: SamplingParams | None = None,
-    on_text: Callable[[int, str], None] | None = None,
-    first_logits: Tensor | None = None,
-    overlap: bool | None = None,
-    stop_texts: Collection[str] = (),
-    speculate: int = 0,
-    contexts: Sequence[Sequence[int]] | None = None,
-    drafters: Sequence | None = None,
-    draft_costs: DraftCosts | None = None,
-    banned_ids: Collection[int] = (),
-    mtp: bool = False,
-) -> list[Generation]:
-    """Generate for a batch of B sequences that share one batched `state`.
+@dataclass(frozen=True)
+class Speculation:
+    """How drafts are made (docs/design.md §8): up to `most` tokens a step, verified in one pass
+    (`model.verify` / `model.accept`): the same tokens as without, greedy, and the same
+    distribution, sampled. From `drafter` (a `drafter.Drafter` made for these rows) when given;
+    else from the checkpoint's multi-token-prediction head with `mtp` (`mtp_drafts.MTPDrafts`,
+    read for the tokens of the request's contexts); else by prompt lookup in each row's context
+    and what it generated. `costs` carries what verifying was measured to cost from one
+    generation to the next."""
+
+    most: int
+    drafter: Drafter | None = None
+    mtp: bool = False
+    costs: DraftCosts | None = None
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What to generate, for a batch of B rows that share one batched state.
 
     Either `prompts` (B prompts of equal length, prefilled here) or `first_logits` [B, V] (the
-    caller has already prefilled `state`; `prompts` may then be None) starts the loop. Rows that
-    stop early keep being stepped with their last sampled token, and what they produce is
-    ignored, so at the end `state` rows hold no meaningful continuation. `on_text(row, text)`
-    receives each row's text as it completes. A row also stops as soon as its text contains one
-    of `stop_texts` (e.g. a chat model opening the next round); its text is cut there. `overlap` (default: on CUDA) queues the next
-    decode step before reading the sampled ids, which may cost one extra step at a stop.
-    `banned_ids` are never sampled (the tokenizer's `banned_ids`: an RWKV World model's end-of-text).
-
-    `speculate` > 0 drafts up to that many tokens per step by prompt lookup in each row's
-    `contexts[row]` (default: the prompt) and what it generated, and verifies them in one pass
-    (`model.verify` / `model.accept`): the same tokens as without, greedy, and the same
-    distribution, sampled (docs/design.md §8). `drafters` replaces the lookup: one object per row
-    with `append(token)` and `propose(n) -> list[int]`, as `drafts.PromptLookup`. `mtp` drafts
-    from the checkpoint's multi-token-prediction head instead (`mtp_drafts.MTPDrafts`, read for
-    the tokens of `contexts` when given). `draft_costs` carries what verifying was measured to cost
-    from one generation to the next.
+    state has already read the prompts) starts it. A row stops at one of `stop_ids`, at
+    `max_new_tokens`, or as soon as its text contains one of `stop_texts` (a chat model opening
+    the next round; its text is cut there). `banned_ids` are never sampled (an RWKV World model's
+    end-of-text). `contexts[row]`: what drafts are looked up in (default: the prompt).
+    `on_text(row, text)` receives each row's text as it completes. `overlap` (default: on CUDA)
+    queues the next decode step before reading the sampled ids, which may cost one extra step at a
+    stop. `speculation`: draft and verify (None: plain decoding).
     """
-    sampling = sampling or SamplingParams()
-    if first_logits is None:
-        if prompts is None:
-            raise ValueError("give prompts or first_logits")
-        try:
-            input_ids = torch.as_tensor(prompts, dtype=torch.long)
-        except ValueError as e:  # ragged: a recurrent state cannot be padded
-            raise ValueError("prompts of different lengths: prefill them yourself and pass "
-                             "first_logits") from e
-        if input_ids.ndim != 2 or input_ids.numel() == 0:
-            raise ValueError("prompts must be a non-empty batch of non-empty prompts")
-        first_logits = model.prefill(input_ids.to(_model_device(model)), state)
-        if contexts is None:
-            contexts = input_ids.tolist()
-    batch, vocab = first_logits.shape
-    rows = _Rows(batch, tokenizer, frozenset(stop_ids), max_new_tokens, on_text, stop_texts)
-    sample = _Sampler(sampling, batch, vocab, first_logits.device, banned_ids)
-    token = sample(first_logits) if rows.running else None
-    if speculate > 0 and rows.running:
-        if mtp:
+
+    tokenizer: Tokenizer
+    max_new_tokens: int
+    stop_ids: Collection[int] = frozenset()
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    prompts: Sequence[Sequence[int]] | Tensor | None = None
+    first_logits: Tensor | None = None
+    contexts: Sequence[Sequence[int]] | None = None
+    stop_texts: Collection[str] = ()
+    banned_ids: Collection[int] = ()
+    on_text: Callable[[int, str], None] | None = None
+    overlap: bool | None = None
+    speculation: Speculation | None = None
+
+
+def generate_batch(model, state, request: GenerationRequest) -> list[Generation]:
+    """Generate what `request` asks from `state` (the model's `State`; `Sequences`, the state with a
+    drafter's memory beside it; or a list of `Sequences` that have each read their prompt, decoded
+    together as one batch): plain decoding, or speculative when it asks for drafts. Rows that stop
+    early keep being stepped with their last sampled token, and what they produce is ignored, so at
+    the end `state` rows hold no meaningful continuation."""
+    if isinstance(state, list):
+        return _generate_rows(model, state, request)
+    if request.speculation is not None and request.speculation.most > 0:
+        return speculative_decode(model, state, request)
+    return plain_decode(model, state, request)
+
+
+def _generate_rows(model, rows: list[Sequences], request: GenerationRequest) -> list[Generation]:
+    """Rows that read prompts of different lengths, decoded as one batch (`Sequences.stack`; decoding
+    is memory-bound, so a batch costs about what one row does). The rows are spent: the batch holds
+    the only copy of their states while it decodes, and what it freed goes back to the OS after."""
+    batch = Sequences.stack(rows)
+    rows.clear()
+    try:
+        return generate_batch(model, batch, request)
+    finally:
+        del batch
+        release_free_memory()
+
+
+def plain_decode(model, state, request: GenerationRequest) -> list[Generation]:
+    """One decode step per token."""
+    start = _Start.of(model, state, request)
+    if start.rows.running:
+        overlap = start.token.device.type == "cuda" if request.overlap is None else request.overlap
+        _plain_loop(model, start.sequences.state, start.sample, start.rows, start.token, overlap)
+    return start.rows.results()
+
+
+def speculative_decode(model, state, request: GenerationRequest) -> list[Generation]:
+    """Decode steps that verify drafted tokens (`GenerationRequest.speculation`)."""
+    speculation = request.speculation
+    start = _Start.of(model, state, request)
+    if start.rows.running:
+        sequences, drafter = start.sequences, speculation.drafter
+        if speculation.mtp:
             if getattr(model, "mtp", None) is None:
                 raise ValueError("this checkpoint has no multi-token-prediction head (mtp.*) to draft from")
-            drafters = MTPDrafts(model, state, (t for context in contexts for t in context) if contexts is not None else None)
-        elif drafters is None:
-            drafters = [PromptLookup(contexts[row] if contexts is not None else ()) for row in range(batch)]
-        if isinstance(drafters, MTPDrafts):
-            drafters.start(token)
-        _speculative_loop(model, state, sample, rows, token, speculate, drafters, draft_costs)
-    elif rows.running:
-        _plain_loop(model, state, sample, rows, token, first_logits.device.type == "cuda" if overlap is None else overlap)
-    return rows.results()
+            vocabulary = (t for context in start.contexts for t in context) if start.contexts is not None else None
+            drafter = MTPDrafts(model, sequences.state, vocabulary, sequences.memory)
+        elif drafter is None:
+            drafter = PromptLookups.over(start.contexts if start.contexts is not None else [()] * start.token.shape[0])
+        _speculative_loop(model, sequences.state, start.sample, start.rows, start.token, speculation.most, drafter, speculation.costs)
+    return start.rows.results()
+
+
+@dataclass
+class _Start:
+    """A generation after its prompt: the rows, the sampler and each row's first token."""
+
+    sequences: Sequences
+    rows: _Rows
+    sample: _Sampler
+    token: Tensor | None
+    contexts: Sequence[Sequence[int]] | None
+
+    @classmethod
+    def of(cls, model, state, request: GenerationRequest) -> _Start:
+        sequences = state if isinstance(state, Sequences) else Sequences(state)
+        first_logits, contexts = request.first_logits, request.contexts
+        if first_logits is None and request.prompts is None:
+            first_logits = sequences.logits  # the rows have read their prompts
+        if first_logits is None:
+            if request.prompts is None:
+                raise ValueError("give prompts or first_logits")
+            try:
+                input_ids = torch.as_tensor(request.prompts, dtype=torch.long)
+            except ValueError as e:  # ragged: a recurrent state cannot be padded
+                raise ValueError("prompts of different lengths: prefill them yourself and pass "
+                                 "first_logits") from e
+            if input_ids.ndim != 2 or input_ids.numel() == 0:
+                raise ValueError("prompts must be a non-empty batch of non-empty prompts")
+            first_logits = sequences.prefill(model, input_ids.to(_model_device(model)))
+            if contexts is None:
+                contexts = input_ids.tolist()
+        batch, vocab = first_logits.shape
+        rows = _Rows(batch, request)
+        sample = _Sampler(request.sampling, batch, vocab, first_logits.device, request.banned_ids)
+        return cls(sequences, rows, sample, sample(first_logits) if rows.running else None, contexts)
 
 
 class _Rows:
     """The rows' generated tokens: which still run, why each stopped, their text as it completes."""
 
-    def __init__(self, batch: int, tokenizer: Tokenizer, stop_ids: frozenset[int], max_new_tokens: int,
-                 on_text: Callable[[int, str], None] | None, stop_texts: Collection[str]) -> None:
-        self.tokenizer, self.stop_ids, self.max_new_tokens = tokenizer, stop_ids, max_new_tokens
-        self.on_text, self.stop_texts = on_text, stop_texts
+    def __init__(self, batch: int, request: GenerationRequest) -> None:
+        self.tokenizer, self.stop_ids, self.max_new_tokens = request.tokenizer, frozenset(request.stop_ids), request.max_new_tokens
+        self.on_text, self.stop_texts = request.on_text, request.stop_texts
         self.token_ids: list[list[int]] = [[] for _ in range(batch)]
         self.reasons = ["length"] * batch
-        self.running = set(range(batch)) if max_new_tokens > 0 else set()
-        self.detok = [IncrementalDetokenizer(tokenizer) for _ in range(batch)] if on_text or stop_texts else None
+        self.running = set(range(batch)) if self.max_new_tokens > 0 else set()
+        wants_text = self.on_text is not None or self.stop_texts
+        self.detok = [IncrementalDetokenizer(self.tokenizer) for _ in range(batch)] if wants_text else None
         self.tails = [""] * batch  # the end of each row's text, long enough to hold any stop text
-        self.tail_chars = max((len(t) for t in stop_texts), default=0)
+        self.tail_chars = max((len(t) for t in self.stop_texts), default=0)
         self.drafted = [0] * batch
         self.accepted = [0] * batch
 
@@ -368,16 +430,16 @@ def _plain_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor, over
         token = sample(logits)
 
 
-def _speculative_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor, most: int, drafters,
+def _speculative_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor, most: int, drafter: Drafter,
                       costs: DraftCosts | None) -> None:
-    """Each step: every running row looks up a draft of up to `most` tokens, the planner picks how
-    many to verify; one `verify` pass reads the last token and the drafts, each row keeps the drafts
-    its own samples agree with, and `accept` lands the state there. With nothing worth verifying, a
-    plain decode step. Every step's wall time teaches the planner what verifying costs.
-    `drafters`: one per row (`PromptLookup`), or one `MTPDrafts` for the batch."""
+    """Each step: the drafter says how long a draft (up to `most`) each running row could have, the
+    planner picks how many to verify, and one `verify` pass reads the last token and the drafts;
+    each row keeps the drafts its own samples agree with, and `accept` lands the state there. With
+    nothing worth verifying, a plain decode step. Every step's wall time (the drafting included)
+    teaches the planner what verifying costs."""
     batch = token.shape[0]
-    batched = isinstance(drafters, MTPDrafts)
     planner = DraftPlanner(most, batch, costs)
+    drafter.start(token)
     timing = None  # (width of the step being timed, its start)
     while True:
         ids = token.tolist()  # waits for the step: its time ends here
@@ -389,26 +451,18 @@ def _speculative_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor
             else:
                 planner.costs.learn_step(batch, seconds)
         for row, tid in enumerate(ids):
-            if rows.take(row, tid) and not batched:
-                drafters[row].append(tid)
+            rows.take(row, tid)
         if not rows.running:
             return
-        if batched:  # the head drafts only what the planner will verify, and its time is the pass's
-            started = time.perf_counter()
-            width = planner.width([most if row in rows.running else 0 for row in range(batch)], len(rows.running))
-            candidates = [d if row in rows.running else [] for row, d in enumerate(drafters.propose(width))]
-            width = max(map(len, candidates), default=0)  # nothing before the head has read a position
-        else:
-            candidates = [drafters[row].propose(most) if row in rows.running else [] for row in range(batch)]
-            width = planner.width([len(c) for c in candidates], len(rows.running))
-            started = time.perf_counter()
+        started = time.perf_counter()
+        width = planner.width(drafter.available(most, rows.running), len(rows.running))
+        drafts = drafter.propose(width, rows.running)
+        width = max(map(len, drafts), default=0)  # a head has nothing before it has read a position
         timing = (width, started)
         if width == 0:
             token = sample(model.decode(token, state))
-            if batched:
-                drafters.landed(state.last_hidden, token[:, None], torch.ones_like(token))
+            drafter.landed(_last_hidden(state), token[:, None], torch.ones_like(token))
             continue
-        drafts = [c[:width] for c in candidates]
         span = torch.tensor([[ids[row], *d, *[0] * (width - len(d))] for row, d in enumerate(drafts)], device=token.device)
         logits = model.verify(span, state)  # [B, width + 1, V]
         drafted = [len(d) for d in drafts]
@@ -419,46 +473,24 @@ def _speculative_loop(model, state, sample: _Sampler, rows: _Rows, token: Tensor
             rows.drafted[row] += drafted[row]
             rows.accepted[row] += n
             for tid in drafts[row][:n]:
-                if rows.take(row, tid) and not batched:
-                    drafters[row].append(tid)
+                rows.take(row, tid)
         token = chosen.gather(1, kept[:, None])[:, 0]
-        if batched:  # each kept position was followed by the next drafted token, the last by `token`
-            following = torch.cat([span[:, 1:], span[:, :1]], dim=1).scatter(1, kept[:, None], token[:, None])
-            drafters.landed(state.last_hidden, following, kept + 1)
+        # each kept position was followed by the next drafted token, the last by `token`
+        following = torch.cat([span[:, 1:], span[:, :1]], dim=1).scatter(1, kept[:, None], token[:, None])
+        drafter.landed(_last_hidden(state), following, kept + 1)
 
 
-def generate(
-    model,
-    prompt_ids: Sequence[int] | Tensor | None,
-    state,
-    *,
-    tokenizer: Tokenizer,
-    stop_ids: Collection[int],
-    max_new_tokens: int,
-    sampling: SamplingParams | None = None,
-    on_text: Callable[[str], None] | None = None,
-    first_logits: Tensor | None = None,
-    overlap: bool | None = None,
-    stop_texts: Collection[str] = (),
-    speculate: int = 0,
-    context: Sequence[int] | None = None,
-    banned_ids: Collection[int] = (),
-) -> Generation:
-    """Generate one sequence (batch 1); see `generate_batch`.
+def _last_hidden(state) -> Tensor | None:
+    """What the model's last span left in its last layer, for a drafter that reads it."""
+    return getattr(state, "last_hidden", None)
 
-    `prompt_ids` ([T] or [1, T]) is prefilled into `state` unless `first_logits` ([V] or [1, V])
-    is given, in which case the prompt is already in `state`. `context`: what drafts are looked up
-    in (default: the prompt).
-    """
-    prompts = None
-    if first_logits is None:
-        if prompt_ids is None:
-            raise ValueError("give prompt_ids or first_logits")
-        prompts = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(1, -1)
-    else:
+
+def generate(model, state, request: GenerationRequest) -> Generation:
+    """Generate one sequence (batch 1; `generate_batch`). `prompts` may be one prompt [T] and
+    `first_logits` one row [V]; `contexts` stays a list of one context."""
+    prompts, first_logits = request.prompts, request.first_logits
+    if prompts is not None:
+        prompts = torch.as_tensor(prompts, dtype=torch.long).reshape(1, -1)
+    if first_logits is not None:
         first_logits = first_logits.reshape(1, -1)
-    callback = (lambda _row, text: on_text(text)) if on_text is not None else None
-    return generate_batch(model, prompts, state, tokenizer=tokenizer, stop_ids=stop_ids,
-                          max_new_tokens=max_new_tokens, sampling=sampling, on_text=callback,
-                          first_logits=first_logits, overlap=overlap, stop_texts=stop_texts,
-                          speculate=speculate, contexts=None if context is None else [context], banned_ids=banned_ids)[0]
+    return generate_batch(model, state, replace(request, prompts=prompts, first_logits=first_logits))[0]

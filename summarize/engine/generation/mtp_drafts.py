@@ -2,10 +2,10 @@
 
 The head guesses the token after next from the hidden state the model left at a position and the
 token that followed it, attending over every earlier position it has read, through a KV cache of
-its own. A state made for drafting with it (`with_drafter`) carries that cache (`State.drafter`),
-and the model's prefill keeps it in step (`read_span`): the head reads the prompt as the model
-does, one position behind, so its cache covers the instruction and the text, and a snapshot of the
-instruction restores it with the model's. Each step of a speculative loop it first reads what the
+its own (`HeadCache`), which rows made for drafting with it keep beside the model's state
+(`sequences.Sequences`) and which reads each prefill block with the model (`HeadCache.read`): the
+head reads the prompt as the model does, one position behind, so its cache covers the instruction
+and the text, and a snapshot of the instruction restores it with the model's. Each step of a speculative loop it first reads what the
 model landed since the last step (the hidden states of the kept tokens, with the tokens that
 followed them); then it guesses up to k tokens ahead, feeding each guess back with its own output,
 in a draft of that cache that is discarded afterwards. A state without the head's cache (loaded
@@ -19,47 +19,88 @@ made, and a draft is only a guess, so the output does not change.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-
-def with_drafter(model, state):
-    """`state` (new, the model's) with the MTP head's own state beside it, for `read_span` to fill."""
-    state.drafter = model.mtp.new_state(state.batch_size, model.dtype, model.device)
-    return state
+from summarize.engine.state import Snapshot, State
 
 
-def read_span(model, state, tokens: Tensor, hidden: Tensor) -> None:
-    """After the model read `tokens` [B, T] (a prefill block) into `state`, with `hidden` [B, T, H]
-    its last layer's outputs: the head reads each position whose following token is now known."""
-    drafter, waiting = state.drafter, state.drafter_hidden
-    start = state.position - tokens.shape[1]
-    if drafter.row_positions is not None or drafter.position + (waiting is not None) != start:
-        state.drop_drafter()  # not in step with the model (it read without the head): of no use
-        return
-    if waiting is None:  # the first position of all: its hidden state pairs with the second token
-        pairs, following = hidden[:, :-1], tokens[:, 1:]
-    else:
-        pairs, following = torch.cat([waiting, hidden[:, :-1]], dim=1), tokens
-    if following.shape[1]:
-        rotary = model.span_context(drafter, following.shape[1])
-        model.mtp(model.embed(following), model.mtp.target_hidden(pairs), drafter, rotary, model.steps)
-    state.drafter_hidden = hidden[:, -1:].clone()
+@dataclass
+class HeadCache:
+    """The head's own memory for the rows of one model state (`drafter.DraftMemory`): its KV cache,
+    and `waiting` [B, 1, H], the model's output at the last position read, waiting for the token
+    that follows it (the head runs one position behind the model)."""
+
+    state: State
+    waiting: Tensor | None = None
+
+    @classmethod
+    def new(cls, model, batch_size: int) -> HeadCache:
+        return cls(model.mtp.new_state(batch_size, model.dtype, model.device))
+
+    @property
+    def nbytes(self) -> int:
+        return self.state.nbytes
+
+    @property
+    def kv_nbytes(self) -> int:
+        return self.state.kv_nbytes
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.state.bytes_per_token
+
+    def read(self, model, state, tokens: Tensor, hidden: Tensor) -> bool:
+        """The head reads each position of the block just read whose following token is now known;
+        False when it is not in step with the model's state (that state read without it)."""
+        head, waiting = self.state, self.waiting
+        start = state.position - tokens.shape[1]
+        if head.row_positions is not None or head.position + (waiting is not None) != start:
+            return False
+        if waiting is None:  # the first position of all: its hidden state pairs with the second token
+            pairs, following = hidden[:, :-1], tokens[:, 1:]
+        else:
+            pairs, following = torch.cat([waiting, hidden[:, :-1]], dim=1), tokens
+        if following.shape[1]:
+            rotary = model.span_context(head, following.shape[1])
+            model.mtp(model.embed(following), model.mtp.target_hidden(pairs), head, rotary, model.steps)
+        self.waiting = hidden[:, -1:].clone()
+        return True
+
+    def snapshot(self) -> tuple[Snapshot, Tensor | None]:
+        return self.state.snapshot(), self.waiting
+
+    def restore(self, saved: tuple[Snapshot, Tensor | None], batch_size: int) -> None:
+        snapshot, waiting = saved
+        self.state.restore(snapshot)
+        self.waiting = None if waiting is None else waiting.expand(batch_size, -1, -1)
+
+    @classmethod
+    def stack(cls, rows: list[HeadCache]) -> HeadCache | None:
+        """None when a row has read nothing yet (nothing waits for its next token)."""
+        if any(row.waiting is None for row in rows):
+            return None
+        return cls(State.stack([row.state for row in rows]), torch.cat([row.waiting for row in rows]))
+
+    def reset(self) -> None:
+        self.state.reset()
+        self.waiting = None
 
 
 class MTPDrafts:
-    """Drafts for every row of a batch from `model.mtp`, kept in step with `state` (the model's):
-    in `state.drafter` when it has read the prompt, else in a cache of its own from the prompt's
-    last position."""
+    """Drafts for every row of a batch from `model.mtp` (a `drafter.Drafter`), kept in step with
+    `state` (the model's): in `cache` when it has read the prompt with the model, else in a cache of
+    its own from the prompt's last position."""
 
-    def __init__(self, model, state, vocabulary: Iterable[int] | None = None) -> None:
+    def __init__(self, model, state, vocabulary: Iterable[int] | None = None, cache: HeadCache | None = None) -> None:
         self.model, self.head = model, model.mtp
         self.waiting: Tensor | None = None  # the hidden state [B, 1, H] whose following token `start` gives
-        if state.drafter is not None and state.drafter_hidden is not None:
-            self.state, self.waiting = state.drafter, state.drafter_hidden
-            state.drafter_hidden = None  # read from here on by this object, not by a prefill
+        if cache is not None and cache.waiting is not None:
+            self.state, self.waiting = cache.state, cache.waiting
+            cache.waiting = None  # read from here on by this object, not by a prefill (a restore brings it back)
         else:
             self.state = self.head.new_state(state.batch_size, model.dtype, model.device)
             self.state.position = state.position
@@ -89,9 +130,17 @@ class MTPDrafts:
         ([B, T, H], the last layer's) and the tokens that followed them, following[b, :n]."""
         self.pending = (hidden, following, counts)
 
-    def propose(self, most: int) -> list[list[int]]:
-        """Up to `most` drafted tokens per row ([] for every row before anything has landed). The
-        head reads what landed whatever `most`: with 0 it only keeps its cache in step."""
+    def available(self, most: int, running: Collection[int]) -> list[int]:
+        """The head can draft `most` for every running row (it drafts only what is verified)."""
+        return [most if row in running else 0 for row in range(self.state.batch_size)]
+
+    def propose(self, width: int, running: Collection[int] | None = None) -> list[list[int]]:
+        """Up to `width` drafted tokens per running row ([] for every row before anything has landed).
+        The head reads what landed whatever `width`: with 0 it only keeps its cache in step."""
+        drafts = self._propose(width)
+        return drafts if running is None else [d if row in running else [] for row, d in enumerate(drafts)]
+
+    def _propose(self, most: int) -> list[list[int]]:
         batch = self.state.batch_size
         if self.pending is None:
             return [[] for _ in range(batch)]
