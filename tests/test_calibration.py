@@ -31,7 +31,7 @@ def faster(winner: str, rows_won: range, loser_time: float = 2.0):
     every other candidate the other way round."""
     calls = []
 
-    def timer(rows, candidates):
+    def timer(rows, candidates, deadline):
         calls.append(rows)
         won = rows in rows_won
         return {name: (1.0 if (name == winner) == won else loser_time) for name in candidates}
@@ -82,7 +82,7 @@ def test_an_order_that_never_wins_is_never_taken():
     ("int4", torch.float32, "int4 kernel", "int4_kernel_max_rows"),
     ("int8", torch.bfloat16, "int8 kernel", "int8_packed_max_rows"),
 ])
-@pytest.mark.parametrize("up_to", [0, 9, 32])
+@pytest.mark.parametrize("up_to", [0, 1, 9, 32, ROW_COUNTS[-1]])
 def test_a_kernel_for_few_rows_takes_the_rows_it_wins_from_one(form, dtype, winner, field, up_to):
     table = calibrate(shapes(form), dtype, timer=faster(winner, range(1, up_to + 1)))
     assert table.fields == {field: up_to}
@@ -188,6 +188,14 @@ def test_calibrate_0_keeps_the_portable_default(folder, cache, monkeypatch):
 
 def test_the_real_timer_gives_each_candidate_a_time():
     runs = Counter()
-    seconds = calibration.taking_turns(1, {name: (lambda name=name: runs.update([name])) for name in ("a", "b")})
+    candidates = {name: (lambda name=name: runs.update([name])) for name in ("a", "b")}
+    seconds = calibration.taking_turns(1, candidates)
     assert set(seconds) == {"a", "b"} and all(s >= 0 for s in seconds.values())
     assert runs == {"a": calibration.TURNS + 1, "b": calibration.TURNS + 1}
+    assert calibration.taking_turns(1, candidates, deadline=0.0) is None  # past its deadline: nothing more run
+    assert runs == {"a": calibration.TURNS + 1, "b": calibration.TURNS + 1}
+
+
+def test_a_timing_past_the_deadline_leaves_the_rest_to_the_default():
+    table = calibrate(shapes("float32"), torch.float32, timer=lambda rows, candidates, deadline: None)
+    assert not table.complete and table.fields == {} and table.races == []

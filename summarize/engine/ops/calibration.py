@@ -63,7 +63,8 @@ TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
 WIDEN_BLOCKS = (512, 1024, 2048, 4096)  # int8 rows widened at a time, fp32
 
 Product = Callable[[Tensor, Projection], Tensor]  # x [rows, K], a projection → [rows, N]
-Timer = Callable[[int, dict[str, Callable[[], object]]], dict[str, float]]  # rows, candidates → seconds each
+# rows, candidates, deadline (on `time.perf_counter`) → seconds each; None: the deadline came first
+Timer = Callable[[int, dict[str, Callable[[], object]], float], dict[str, float] | None]
 
 
 @dataclass
@@ -99,8 +100,9 @@ def calibrate_model(model, dtype: torch.dtype, announce: Callable[[str | None], 
             if announce is not None:
                 announce(None)
         save_table(key, table)
-        print(f"summarize: timed this CPU's kernels for this model in {table.seconds:.1f} s (once per machine, "
-              f"at most {BUDGET_SECONDS:.0f} s; {ENV}=0 skips it)", file=sys.stderr)
+        if table.races:  # a model with no form the policy decides (bf16) times nothing
+            print(f"summarize: timed this CPU's kernels for this model in {table.seconds:.1f} s (once per machine, "
+                  f"at most {BUDGET_SECONDS:.0f} s; {ENV}=0 skips it)", file=sys.stderr)
     machine.POLICY = replace(machine.POLICY, **table.fields)
     LAST = table
 
@@ -124,6 +126,7 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
     `timer` (default `taking_turns`) times a set of candidates."""
     started, races, chosen, complete = clock(), [], {}, True
     timer = timer or taking_turns
+    deadline = time.perf_counter() + budget
 
     def race(label: str, weights: list[tuple[float, int, list[Projection]]], candidates: dict[str, Product], rows: int,
              tolerance: float) -> str | None:
@@ -139,7 +142,10 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
             read += share * sum(b.nbytes for b in copies[0].buffers())
             want = F.linear(x.float(), dequantized(copies[0]))
             exact = {name: product for name, product in candidates.items() if close(product(x, copies[0]), want, tolerance)}
-            seconds = timer(rows, {name: _over(product, x, copies) for name, product in exact.items()})
+            seconds = timer(rows, {name: _over(product, x, copies) for name, product in exact.items()}, deadline)
+            if seconds is None:
+                complete = False
+                return None
             for name in candidates:
                 totals[name] = None if name not in exact or totals[name] is None else totals[name] + share * seconds[name] / len(copies)
         timed = {name: s for name, s in totals.items() if s is not None}
@@ -151,12 +157,14 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
     for (form, n, k), count in shapes.items():
         held[form] += n * k * count
     for form, _ in held.most_common():
+        if form == "bfloat16":  # no field decides a bf16 product
+            continue
         weights = timed_weights(shapes, form, dtype)
         if not weights:
             continue
         if form == "float32":
             order = {"x @ Wᵀ": lambda x, p: F.linear(x, p.weight), "W @ xᵀ": lambda x, p: weight_first(x, p.weight)}
-            won = _rows_won(lambda rows: race("fp32 order", weights, order, rows, TOLERANCE[dtype]), "W @ xᵀ", anywhere=True)
+            won = _rows_won(lambda rows: race("fp32 order", weights, order, rows, TOLERANCE[dtype]), "W @ xᵀ")
             if won is not None:
                 first, last = won
                 chosen |= {"weight_first_min_rows": first, "weight_first_max_rows": last}
@@ -168,32 +176,45 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
         elif form == "int8":
             few = {"int8 kernel": lambda x, p: int8_kernel(x, p.weight, p.scale),
                    "dequantize, GEMM": lambda x, p: int8_dequantized(x, p.weight, p.scale)}
-            won = _rows_won(lambda rows: race("int8", weights, few, rows, TOLERANCE[torch.bfloat16]), "int8 kernel")
-            if won is not None:
-                chosen["int8_packed_max_rows"] = won[1]
+            most = _rows_won_from_one(lambda rows: race("int8", weights, few, rows, TOLERANCE[torch.bfloat16]), "int8 kernel")
+            if most is not None:
+                chosen["int8_packed_max_rows"] = most
         elif form == "int4":
             few = {"int4 kernel": lambda x, p: int4_kernel(x, p.weight, p.scale_and_zero, p.group),
                    "dequantize, GEMM": lambda x, p: int4_dequantized(x, p.weight, p.scale_and_zero, p.group)}
-            won = _rows_won(lambda rows: race("int4", weights, few, rows, TOLERANCE[torch.bfloat16]), "int4 kernel")
-            if won is not None:
-                chosen["int4_kernel_max_rows"] = won[1]
+            most = _rows_won_from_one(lambda rows: race("int4", weights, few, rows, TOLERANCE[torch.bfloat16]), "int4 kernel")
+            if most is not None:
+                chosen["int4_kernel_max_rows"] = most
     return Table(chosen, races, clock() - started, complete)
 
 
-def _rows_won(race: Callable[[int], str | None], candidate: str, anywhere: bool = False) -> tuple[int, int] | None:
-    """The first and last of the row counts, in a run, that `candidate` wins: from one row (or,
-    `anywhere`, from its first win) up to its next loss. (1, 0): it wins none from where it must.
-    None: out of time before the run ended."""
+def _rows_won(race: Callable[[int], str | None], candidate: str) -> tuple[int, int] | None:
+    """The first and last of the row counts that `candidate` wins in a run: from its first win up
+    to its next loss. (1, 0): it wins none. None: out of time before the run ended."""
     first = last = None
     for rows in ROW_COUNTS:
         winner = race(rows)
         if winner is None:
             return None
-        if winner == candidate and (first is not None or anywhere or rows == ROW_COUNTS[0]):
+        if winner == candidate:
             first, last = first or rows, rows
-        elif first is not None or not anywhere:
+        elif first is not None:
             break
     return (1, 0) if first is None else (first, last)
+
+
+def _rows_won_from_one(race: Callable[[int], str | None], candidate: str) -> int | None:
+    """The most rows up to which `candidate`, a kernel for few rows, wins from one row (0: none),
+    found by bisection: its time grows with the rows, the other's (a dequantization first) much
+    less. None: out of time before it was found."""
+    low, high = 0, len(ROW_COUNTS)  # it wins ROW_COUNTS[:low], loses ROW_COUNTS[high:]
+    while low < high:
+        middle = (low + high) // 2
+        winner = race(ROW_COUNTS[middle])
+        if winner is None:
+            return None
+        low, high = (middle + 1, high) if winner == candidate else (low, middle)
+    return ROW_COUNTS[low - 1] if low else 0
 
 
 def timed_weights(shapes: Counter[tuple[str, int, int]], form: str, dtype: torch.dtype) -> list[tuple[float, int, list[Projection]]]:
@@ -229,17 +250,19 @@ def _over(product: Product, x: Tensor, copies: list[Projection]) -> Callable[[],
     return lambda: [product(x, p) for p in copies]
 
 
-def taking_turns(rows: int, candidates: dict[str, Callable[[], object]]) -> dict[str, float]:
+def taking_turns(rows: int, candidates: dict[str, Callable[[], object]], deadline: float = math.inf) -> dict[str, float] | None:
     """Each candidate's median time over `TURNS` turns, the candidates taking turns (after one
-    untimed call each), so that a slow moment of the machine does not fall on one of them."""
-    for run in candidates.values():
-        run()
+    untimed call each), so that a slow moment of the machine does not fall on one of them. None
+    where `deadline` (`time.perf_counter`) passes first."""
     seconds: dict[str, list[float]] = {name: [] for name in candidates}
-    for _ in range(TURNS):
+    for turn in range(TURNS + 1):
         for name, run in candidates.items():
             start = time.perf_counter()
+            if start > deadline:
+                return None
             run()
-            seconds[name].append(time.perf_counter() - start)
+            if turn:
+                seconds[name].append(time.perf_counter() - start)
     return {name: statistics.median(times) for name, times in seconds.items()}
 
 
