@@ -100,7 +100,7 @@ def calibrate_model(model, dtype: torch.dtype, announce: Callable[[str | None], 
             if announce is not None:
                 announce(None)
         save_table(key, table)
-        if table.races:  # a model with no form the policy decides (bf16) times nothing
+        if table.races or not table.complete:  # a model with no form the policy decides (bf16) times nothing
             print(f"summarize: timed this CPU's kernels for this model in {table.seconds:.1f} s (once per machine, "
                   f"at most {BUDGET_SECONDS:.0f} s; {ENV}=0 skips it)", file=sys.stderr)
     machine.POLICY = replace(machine.POLICY, **table.fields)
