@@ -270,6 +270,7 @@ def compute_dtype(name: str) -> torch.dtype:
 def ours_worker(args, dtype: torch.dtype) -> dict:
     from summarize.engine import State, load_model
     from summarize.engine.compiled import compile_steps, wanted
+    from summarize.engine.ops import calibration
 
     baseline = current_rss()  # torch and the engine imported, nothing loaded
     quantize = args.dtype if args.dtype in QUANTIZED else None
@@ -303,6 +304,7 @@ def ours_worker(args, dtype: torch.dtype) -> dict:
     elif args.job == "diagnostics":
         out.update(diagnostics(model, args))
     out["peak_rss"] = peak_rss()
+    out["calibration"] = calibration.LAST.__dict__ if calibration.LAST else None  # what load_model installed
     return out
 
 
@@ -713,6 +715,21 @@ def rows_for(args, dtype: str, m: dict, limits: dict, costs: dict | None, length
     return rows
 
 
+def print_calibration(dtype: str, table: dict | None) -> None:
+    """The kernel policy our engine took for `dtype` on this machine (`ops/calibration.py`): each
+    race, form × rows → each candidate's time and read rate over the model's weights, and the pick."""
+    if table is None:
+        return
+    state = "" if table["complete"] else ", out of time: the rest kept the portable default"
+    print(f"\nKernel policy calibrated for {dtype} in {table['seconds']:.1f} s{state}: {table['fields'] or 'no field changed'}.\n")
+    print("| decision | rows | candidates: ms (GB/s) | chosen |")
+    print("|---|---|---|---|")
+    for race in table["races"]:
+        times = ", ".join(f"{name} " + (DASH if s is None else f"{s * 1e3:.1f} ({race['bytes'] / s / 1e9:.1f})")
+                          for name, s in race["seconds"].items())
+        print(f"| {race['decision']} | {race['rows']} | {times} | {race['chosen']} |")
+
+
 def report(args, lengths: list[int], limits: dict, results: dict) -> None:
     header = ["dtype", "figure", "ours", "transformers", "ours / transformers"]
     header += ["llama.cpp", "ours / llama.cpp"] if args.llama_bench else []
@@ -756,6 +773,8 @@ def report(args, lengths: list[int], limits: dict, results: dict) -> None:
                   f"ceilings' basis: {' / '.join(DASH if r is None else f'{r:.0f}' for r in rates)} GFLOP/s.")
     for note in notes:
         print(note)
+    for dtype, m in results.items():
+        print_calibration(dtype, next((r["calibration"] for r in m["prefill"].values() if r and r.get("calibration")), None))
     if args.ours_gguf:
         print("GGUF files our engine read: " + ", ".join(f"{kind} {path}" for kind, path in args.ours_gguf.items()) + ".")
     if args.llama_bench:

@@ -124,6 +124,12 @@ def _no_network(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _portable_kernel_policy(monkeypatch):
+    """Loading times no kernels in tests (tests/test_calibration.py turns it on): the portable policy."""
+    monkeypatch.setenv("SUMMARIZE_CALIBRATE", "0")
+
+
+@pytest.fixture(autouse=True)
 def read_cache_dir(monkeypatch, tmp_path_factory) -> Path:
     """Each test keeps what its models read in a folder of its own, never in the user's cache
     (a subprocess given a fresh environment must pass SUMMARIZE_CACHE_DIR on)."""

@@ -41,9 +41,11 @@ ENV = "SUMMARIZE_COMPILE"  # "0": never compile, "1": always (where the device a
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # where inductor keeps the kernels it built
 ISA_CHECK_ENV = "TORCHINDUCTOR_VEC_ISA_OK"  # set: inductor's own choice about probing the CPU's vector ISAs
 MIN_WEIGHT_BYTES = 200 * 2**20  # below this, compiling takes longer than it saves
-# Tokens of the prefill warm-up past the rows int4 switches kernels at (the largest switch), so that
-# the graph it builds is the one a full block runs; 3 more makes a length that equals no other
-# dimension (67), so that the graph keeps the length symbolic rather than tying it to a size
+# Tokens of the prefill warm-up past the rows int4 switches kernels at (the largest switch), and at
+# least this many, so that the graph it builds is the one a full block runs; 3 more makes a length
+# that equals no other dimension (67 by default), so that the graph keeps the length symbolic rather
+# than tying it to a size
+WARM_UP_MIN_ROWS = 64
 WARM_UP_EXTRA_TOKENS = 3
 # A read of this many tokens builds the prefill graphs (a prefill block is at most 1,024 tokens):
 # shorter reads before it run eagerly
@@ -105,7 +107,7 @@ class CompiledSteps(Steps):
         def on_scratch():
             from torch._inductor import inductor_prims  # noqa: F401 - registers the prim `ops.linear` uses (slow to import)
 
-            tokens = machine.POLICY.int4_kernel_max_rows + WARM_UP_EXTRA_TOKENS
+            tokens = max(machine.POLICY.int4_kernel_max_rows, WARM_UP_MIN_ROWS) + WARM_UP_EXTRA_TOKENS
             model.run_layers(torch.zeros(1, tokens, dtype=torch.long, device=model.device), model.new_state(1), True)
 
         self._first_use("prefill", "compiling the prefill step", {"prefill_layer": _layer_step}, on_scratch)

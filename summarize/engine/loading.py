@@ -33,6 +33,7 @@ from summarize.engine.models.registry import (
     supported_model_types,
 )
 from summarize.engine.ops import machine
+from summarize.engine.ops.calibration import calibrate_model
 from summarize.engine.ops.linear import QUANTIZATIONS
 from summarize.engine.tokenizers.gguf import load_gguf_tokenizer
 from summarize.engine.weights.gguf_file import GGUFFile
@@ -280,6 +281,8 @@ def load_model(
         model = family.build(config, Checkpoint(folder), device=device, dtype=dtype, quantize=quantize)
         model.source = folder
     release_free_memory()  # what loading (and quantizing) freed goes back to the OS
+    if device.type == "cpu":
+        calibrate_model(model, dtype, announce)  # before any step is compiled: the graphs follow the policy
     weight_bytes = sum(b.nbytes for b in model.buffers())
     if compile if compile is not None else wanted(model, device, weight_bytes):
         compile_steps(model, announce)

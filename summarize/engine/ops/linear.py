@@ -1,10 +1,10 @@
 """x @ Wᵀ in every form the engine needs: eager, inside a compiled decode step, and int8.
 
-Which form a CPU product takes is the machine policy's (`machine.POLICY`, docs/kernel-policy.md).
-In fp32 on a CPU, compiled or not, `linear` is mostly torch's GEMM, asked in the order that reads the
-weight fastest for the number of rows: x @ Wᵀ for a few rows, W @ xᵀ up to a few dozen, x @ Wᵀ for
-more. Where MKL reads a few rows slowly (AVX2 kernels), a compiled step of a few rows streams the
-weights itself.
+Which form a CPU product takes is the machine policy's (`machine.POLICY`, docs/kernel-policy.md),
+timed on the machine where it can be (`ops/calibration.py`). In fp32 on a CPU, compiled or not,
+`linear` is mostly torch's GEMM, asked in the order (x @ Wᵀ or W @ xᵀ) that reads the weight fastest
+for the number of rows; where the policy says so, a compiled step of a few rows streams the weights
+itself.
 In bf16, inside `torch.compile`, for one or two input rows, it is a multiply-and-sum over the
 input dimension that inductor turns into one pass over the weight rows: torch's bf16 GEMM is built
 for many rows and reads the weights slowly for one. With more rows, or eagerly, it is torch's GEMM.
@@ -12,8 +12,8 @@ for many rows and reads the weights slowly for one. With more rows, or eagerly, 
 `Projection` holds one weight matrix: in the model's dtype, as int8 with one scale per output row,
 or as int4 with a scale and a zero per group of input channels (weight-only quantization:
 activations stay in the model's dtype). int4 runs on torch's CPU int4 kernel for a few rows, which
-reads half a byte per weight; with many rows it dequantizes and calls the GEMM, which is faster
-there.
+reads half a byte per weight; with more rows than the policy gives it, it dequantizes and calls the
+GEMM.
 `Int8Rows` is the int8 form on its own, as a weight file that is already quantized (GGUF's Q8_0)
 hands it over.
 """
@@ -49,7 +49,7 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
         if streams and torch.compiler.is_compiling() and has_static_value(rows) and rows <= streams:
             return _streamed(x, weight)
         if policy.weight_first_min_rows <= rows <= policy.weight_first_max_rows:
-            return torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t().reshape(*x.shape[:-1], weight.shape[0])
+            return weight_first(x, weight)
         return F.linear(x, weight)
     if torch.compiler.is_compiling() and rows <= STREAMED_MAX_ROWS:
         return _streamed(x, weight)
@@ -71,16 +71,12 @@ def linear_int8(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     policy = machine.POLICY
     on_cpu, few = x.device.type == "cpu", rows.shape[0] <= policy.int8_packed_max_rows
     if on_cpu and x.dtype == torch.float32 and not torch.compiler.is_compiling():
-        out = torch.empty(rows.shape[0], weight.shape[0])
-        for start in range(0, weight.shape[0], policy.widen_block_rows):
-            block = slice(start, start + policy.widen_block_rows)
-            torch.mul(F.linear(rows, weight[block].float()), scale[block], out=out[:, block])
-        return out.reshape(*x.shape[:-1], weight.shape[0])
+        return int8_widened(rows, weight, scale, policy.widen_block_rows).reshape(*x.shape[:-1], weight.shape[0])
     if on_cpu and few and x.dtype == torch.float32:
         return _streamed(x, weight, scale)
     if on_cpu and few:
-        return torch._weight_int8pack_mm(rows.contiguous(), weight, scale).reshape(*x.shape[:-1], weight.shape[0])
-    return F.linear(x, weight * scale[:, None])
+        return int8_kernel(rows, weight, scale).reshape(*x.shape[:-1], weight.shape[0])
+    return int8_dequantized(x, weight, scale)
 
 
 def linear_int4(x: Tensor, packed: Tensor, scale_and_zero: Tensor, group: int) -> Tensor:
@@ -88,9 +84,46 @@ def linear_int4(x: Tensor, packed: Tensor, scale_and_zero: Tensor, group: int) -
     bf16) transposed → [..., N] in x's dtype. The kernel reads x in bf16."""
     rows = x.reshape(-1, x.shape[-1])
     if rows.shape[0] > machine.POLICY.int4_kernel_max_rows or x.device.type != "cpu":
-        return F.linear(x, dequantize_int4(packed, scale_and_zero, group, x.dtype))
+        return int4_dequantized(x, packed, scale_and_zero, group)
+    return int4_kernel(rows, packed, scale_and_zero, group).reshape(*x.shape[:-1], packed.shape[0])
+
+
+# The products the dispatches above choose between (and the calibration times): x [rows, K] → [rows, N]
+
+
+def weight_first(x: Tensor, weight: Tensor) -> Tensor:
+    """x [..., K] @ weight [N, K]ᵀ asked of torch's GEMM as W @ xᵀ, the weight first."""
+    rows = x.numel() // x.shape[-1]
+    return torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t().reshape(*x.shape[:-1], weight.shape[0])
+
+
+def int8_widened(rows: Tensor, weight: Tensor, scale: Tensor, block_rows: int) -> Tensor:
+    """fp32 rows: the int8 weight widened `block_rows` rows at a time, each block's product taken
+    while it is in cache (faster than dequantizing the whole weight first)."""
+    out = torch.empty(rows.shape[0], weight.shape[0])
+    for start in range(0, weight.shape[0], block_rows):
+        block = slice(start, start + block_rows)
+        torch.mul(F.linear(rows, weight[block].float()), scale[block], out=out[:, block])
+    return out
+
+
+def int8_kernel(rows: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    """torch's int8 kernel: reads the weight in one pass."""
+    return torch._weight_int8pack_mm(rows.contiguous(), weight, scale)
+
+
+def int8_dequantized(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    return F.linear(x, weight * scale[:, None])
+
+
+def int4_kernel(rows: Tensor, packed: Tensor, scale_and_zero: Tensor, group: int) -> Tensor:
+    """torch's CPU int4 kernel: reads half a byte per weight, and x in bf16."""
     out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16).contiguous(), packed, group, scale_and_zero)
-    return out.to(x.dtype).reshape(*x.shape[:-1], packed.shape[0])
+    return out.to(rows.dtype)
+
+
+def int4_dequantized(x: Tensor, packed: Tensor, scale_and_zero: Tensor, group: int) -> Tensor:
+    return F.linear(x, dequantize_int4(packed, scale_and_zero, group, x.dtype))
 
 
 def dequantize_int4(packed: Tensor, scale_and_zero: Tensor, group: int, dtype: torch.dtype, ids: Tensor | None = None) -> Tensor:

@@ -1,10 +1,11 @@
 """The machine policy: which kernel each CPU dispatch takes on this CPU, in one record.
 
-`POLICY` is built once per process from what torch reports about the CPU (the vector kernels it
-runs, whether the CPU multiplies bf16 in hardware, the block of its int4 packing). The ops and the
-loader read its fields and never test the CPU themselves; a test installs another record in its
-place, and so could a calibration that measures the machine. Each field, what it decides and the
-measurements behind it: docs/kernel-policy.md.
+`POLICY` starts as the portable default, built from what torch reports about the CPU (the vector
+kernels it runs, whether the CPU multiplies bf16 in hardware, the block of its int4 packing); at a
+model's load the calibration (`ops/calibration.py`) replaces the fields it timed on the machine.
+The ops and the loader read its fields and never test the CPU themselves; a test installs another
+record in its place. Each field, what it decides and the measurements behind it:
+docs/kernel-policy.md.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ class CpuPolicy:
 
 
 def policy_for(kernels: str, multiplies_bf16: bool, int4_block_rows: int | None) -> CpuPolicy:
-    """The policy of a CPU on which torch runs `kernels` ("AVX512", "AVX2", ...: what
-    `torch.backends.cpu.get_cpu_capability()` says), given its bf16 and int4 facts."""
+    """The portable default policy of a CPU on which torch runs `kernels` ("AVX512", "AVX2", ...:
+    what `torch.backends.cpu.get_cpu_capability()` says), given its bf16 and int4 facts. The
+    calibration replaces what it times; the streamed loop (compiled, too slow to time) stays."""
     avx2 = kernels == "AVX2"  # AVX2 kernels (no AVX-512): MKL reads a few fp32 rows slowly
     return CpuPolicy(
         dtype=torch.bfloat16 if multiplies_bf16 else torch.float32,

@@ -1,0 +1,333 @@
+"""The machine policy measured on the machine: the candidate products for a model's own shapes, timed
+once per CPU model, core count, torch version and shape set, kept in a small table beside the
+compiled kernels (`~/.cache/summarize/kernel-policy.json`).
+
+Each decision the policy makes between eager products is a race at each row count it covers (a
+decode batch, a verify span, a prefill block): the candidates take turns on the same inputs, each
+over several distinct copies of the weight so that it is read from memory, not cache, and the
+median of a few turns counts. A candidate whose result is not the reference product to the
+tolerance the tests state never wins. The whole run stops after `BUDGET_SECONDS`; what it did not
+reach keeps the portable default (`machine.policy_for`), and so does the compiled streamed loop
+(`streamed_fp32_max_rows`, and `int8_packed_max_rows` in fp32), whose compiles cost seconds each.
+`SUMMARIZE_CALIBRATE=0` keeps the portable default whole. How it works: docs/kernel-policy.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from summarize.engine.ops import machine
+from summarize.engine.ops.linear import (
+    Projection,
+    dequantize_int4,
+    int4_dequantized,
+    int4_kernel,
+    int8_dequantized,
+    int8_kernel,
+    int8_widened,
+    quantized,
+    weight_first,
+)
+from summarize.files import user_cache_folder, write_atomic
+
+ENV = "SUMMARIZE_CALIBRATE"  # "0": the portable default policy, nothing timed
+TABLE_NAME = "kernel-policy.json"  # in the user cache folder, beside torchinductor/
+TABLE_FORMAT = 1
+TABLES_KEPT = 16  # machine × model entries in the file, the most recent
+BUDGET_SECONDS = 15.0
+ROW_COUNTS = (1, 2, 3, 4, 6, 9, 16, 32, 64, 128)  # decode batches, verify spans, prefill blocks
+PREFILL_ROWS = 64  # the row count a prefill-only choice is timed at
+TURNS = 3  # each candidate's timings, taken in turn with the others; the median counts
+COPIES_BYTES = 48 * 2**20  # weights one timing reads, in distinct copies: more than a last-level cache
+MAX_COPIES = 6
+MAX_WEIGHT_BYTES = 16 * 2**20  # a larger weight (a head) is timed on its first rows, scaled by its size
+SHAPES_TIMED = 2  # per weight form: the shapes that hold most of the model's weights
+PACKED_ROWS = 64  # rows of a timed weight are a multiple of this (torch's int4 packing block)
+# Largest error of a product against the fp32 reference, as a share of its largest value: fp32
+# (tests/test_linear.py) and a product that reads x in bf16 (tests/test_quantize.py)
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
+WIDEN_BLOCKS = (512, 1024, 2048, 4096)  # int8 rows widened at a time, fp32
+
+Product = Callable[[Tensor, Projection], Tensor]  # x [rows, K], a projection → [rows, N]
+# rows, candidates, deadline (on `time.perf_counter`) → seconds each; None: the deadline came first
+Timer = Callable[[int, dict[str, Callable[[], object]], float], dict[str, float] | None]
+
+
+@dataclass
+class Table:
+    """What a calibration chose: the policy's fields, and the races behind them."""
+
+    fields: dict[str, int]
+    # {"decision", "rows", "seconds": {candidate: s or None (inexact)}, "chosen", "bytes"}: the
+    # times and bytes are those of all the model's weights of the form, scaled from the ones timed
+    races: list[dict]
+    seconds: float  # what it took
+    complete: bool  # False: out of time, the rest kept the portable default
+
+
+LAST: Table | None = None  # the table this process installed last (bench_engine prints it)
+
+
+def calibrate_model(model, dtype: torch.dtype, announce: Callable[[str | None], None] | None = None) -> None:
+    """Install the policy calibrated for `model`'s projections in `dtype` on this machine: from the
+    table if it has this machine's and shapes' entry, else timed now and added to it."""
+    global LAST
+    if os.environ.get(ENV, "").strip() == "0":
+        return
+    shapes = model_shapes(model)
+    key = table_key(shapes, dtype)
+    table = read_table(key)
+    if table is None:
+        if announce is not None:
+            announce("timing this CPU's kernels for the model (once)")
+        try:
+            table = calibrate(shapes, dtype)
+        finally:
+            if announce is not None:
+                announce(None)
+        save_table(key, table)
+        if table.races or not table.complete:  # a model with no form the policy decides (bf16) times nothing
+            print(f"summarize: timed this CPU's kernels for this model in {table.seconds:.1f} s (once per machine, "
+                  f"at most {BUDGET_SECONDS:.0f} s; {ENV}=0 skips it)", file=sys.stderr)
+    machine.POLICY = replace(machine.POLICY, **table.fields)
+    LAST = table
+
+
+def model_shapes(model) -> Counter[tuple[str, int, int]]:
+    """(form, N, K) of each projection in `model` → how many there are. form: "int4", "int8" or
+    the weight's dtype ("float32", "bfloat16")."""
+    shapes: Counter[tuple[str, int, int]] = Counter()
+    for part in model.modules():
+        if isinstance(part, Projection):
+            N, K = part.weight.shape
+            int4, int8 = part.scale_and_zero is not None, part.scale is not None
+            form = "int4" if int4 else "int8" if int8 else str(part.weight.dtype).removeprefix("torch.")
+            shapes[form, N, K * 2 if int4 else K] += 1
+    return shapes
+
+
+def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: Timer | None = None,
+              budget: float = BUDGET_SECONDS, clock: Callable[[], float] = time.perf_counter) -> Table:
+    """Race the candidates of each decision that the forms in `shapes` meet, computing in `dtype`;
+    `timer` (default `taking_turns`) times a set of candidates."""
+    started, races, chosen, complete = clock(), [], {}, True
+    timer = timer or taking_turns
+    deadline = time.perf_counter() + budget
+
+    def race(label: str, weights: list[tuple[float, int, list[Projection]]], candidates: dict[str, Product], rows: int,
+             tolerance: float) -> str | None:
+        """The fastest exact candidate at `rows` over `weights` (share, K, copies), None when out of time."""
+        nonlocal complete
+        totals: dict[str, float | None] = dict.fromkeys(candidates, 0.0)
+        read = 0.0
+        for share, K, copies in weights:
+            if clock() - started > budget:
+                complete = False
+                return None
+            x = torch.randn(rows, K).to(dtype)
+            read += share * sum(b.nbytes for b in copies[0].buffers())
+            want = F.linear(x.float(), dequantized(copies[0]))
+            exact = {name: product for name, product in candidates.items() if close(product(x, copies[0]), want, tolerance)}
+            seconds = timer(rows, {name: _over(product, x, copies) for name, product in exact.items()}, deadline)
+            if seconds is None:
+                complete = False
+                return None
+            for name in candidates:
+                totals[name] = None if name not in exact or totals[name] is None else totals[name] + share * seconds[name] / len(copies)
+        timed = {name: s for name, s in totals.items() if s is not None}
+        winner = min(timed, key=timed.__getitem__) if timed else next(iter(candidates))
+        races.append({"decision": label, "rows": rows, "seconds": totals, "chosen": winner, "bytes": read})
+        return winner
+
+    held = Counter()  # weights by form: the form that holds most is timed first
+    for (form, n, k), count in shapes.items():
+        held[form] += n * k * count
+    for form, _ in held.most_common():
+        if form == "bfloat16":  # no field decides a bf16 product
+            continue
+        weights = timed_weights(shapes, form, dtype)
+        if not weights:
+            continue
+        if form == "float32":
+            order = {"x @ Wᵀ": lambda x, p: F.linear(x, p.weight), "W @ xᵀ": lambda x, p: weight_first(x, p.weight)}
+            won = _rows_won(lambda rows: race("fp32 order", weights, order, rows, TOLERANCE[dtype]), "W @ xᵀ")
+            if won is not None:
+                first, last = won
+                chosen |= {"weight_first_min_rows": first, "weight_first_max_rows": last}
+        elif form == "int8" and dtype == torch.float32:
+            blocks = {f"widen {b} rows at a time": (lambda x, p, b=b: int8_widened(x, p.weight, p.scale, b)) for b in WIDEN_BLOCKS}
+            winner = race("int8 widening block, fp32", weights, blocks, PREFILL_ROWS, TOLERANCE[dtype])
+            if winner is not None:
+                chosen["widen_block_rows"] = int(winner.split()[1])
+        elif form == "int8":
+            few = {"int8 kernel": lambda x, p: int8_kernel(x, p.weight, p.scale),
+                   "dequantize, GEMM": lambda x, p: int8_dequantized(x, p.weight, p.scale)}
+            most = _rows_won_from_one(lambda rows: race("int8", weights, few, rows, TOLERANCE[torch.bfloat16]), "int8 kernel")
+            if most is not None:
+                chosen["int8_packed_max_rows"] = most
+        elif form == "int4":
+            few = {"int4 kernel": lambda x, p: int4_kernel(x, p.weight, p.scale_and_zero, p.group),
+                   "dequantize, GEMM": lambda x, p: int4_dequantized(x, p.weight, p.scale_and_zero, p.group)}
+            most = _rows_won_from_one(lambda rows: race("int4", weights, few, rows, TOLERANCE[torch.bfloat16]), "int4 kernel")
+            if most is not None:
+                chosen["int4_kernel_max_rows"] = most
+    return Table(chosen, races, clock() - started, complete)
+
+
+def _rows_won(race: Callable[[int], str | None], candidate: str) -> tuple[int, int] | None:
+    """The first and last of the row counts that `candidate` wins in a run: from its first win up
+    to its next loss. (1, 0): it wins none. None: out of time before the run ended."""
+    first = last = None
+    for rows in ROW_COUNTS:
+        winner = race(rows)
+        if winner is None:
+            return None
+        if winner == candidate:
+            first, last = first or rows, rows
+        elif first is not None:
+            break
+    return (1, 0) if first is None else (first, last)
+
+
+def _rows_won_from_one(race: Callable[[int], str | None], candidate: str) -> int | None:
+    """The most rows up to which `candidate`, a kernel for few rows, wins from one row (0: none),
+    found by bisection: its time grows with the rows, the other's (a dequantization first) much
+    less. None: out of time before it was found."""
+    low, high = 0, len(ROW_COUNTS)  # it wins ROW_COUNTS[:low], loses ROW_COUNTS[high:]
+    while low < high:
+        middle = (low + high) // 2
+        winner = race(ROW_COUNTS[middle])
+        if winner is None:
+            return None
+        low, high = (middle + 1, high) if winner == candidate else (low, middle)
+    return ROW_COUNTS[low - 1] if low else 0
+
+
+def timed_weights(shapes: Counter[tuple[str, int, int]], form: str, dtype: torch.dtype) -> list[tuple[float, int, list[Projection]]]:
+    """Random weights in `form` of the shapes that hold most of the model's weights in it: (how many
+    of it the model holds, its input channels K, its distinct copies)."""
+    mine = sorted(((n * k * count, n, k, count) for (f, n, k), count in shapes.items() if f == form), reverse=True)
+    timed = []
+    for _, N, K, count in mine[:SHAPES_TIMED]:
+        rows = min(N, max(PACKED_ROWS, MAX_WEIGHT_BYTES // (4 * K) // PACKED_ROWS * PACKED_ROWS))
+        one = quantized(Projection(torch.randn(rows, K).to(dtype)), None if form in ("float32", "bfloat16") else form)
+        if form == "int4" and one.scale_and_zero is None:  # a shape torch's int4 kernel cannot take
+            continue
+        size = sum(b.nbytes for b in one.buffers())
+        copies = [one] + [copy.deepcopy(one) for _ in range(min(MAX_COPIES, max(2, math.ceil(COPIES_BYTES / size))) - 1)]
+        timed.append((count * N / rows, K, copies))
+    return timed
+
+
+def dequantized(projection: Projection) -> Tensor:
+    """The projection's weight [N, K] in fp32, as its products should compute with it."""
+    if projection.scale_and_zero is not None:
+        return dequantize_int4(projection.weight, projection.scale_and_zero, projection.group, torch.float32)
+    if projection.scale is not None:
+        return projection.weight.float() * projection.scale.float()[:, None]
+    return projection.weight.float()
+
+
+def close(got: Tensor, want: Tensor, tolerance: float) -> bool:
+    return got.shape == want.shape and bool((got.float() - want).abs().max() <= tolerance * want.abs().max())
+
+
+def _over(product: Product, x: Tensor, copies: list[Projection]) -> Callable[[], object]:
+    return lambda: [product(x, p) for p in copies]
+
+
+def taking_turns(rows: int, candidates: dict[str, Callable[[], object]], deadline: float = math.inf) -> dict[str, float] | None:
+    """Each candidate's median time over `TURNS` turns, the candidates taking turns (after one
+    untimed call each), so that a slow moment of the machine does not fall on one of them. None
+    where `deadline` (`time.perf_counter`) passes first."""
+    seconds: dict[str, list[float]] = {name: [] for name in candidates}
+    for turn in range(TURNS + 1):
+        for name, run in candidates.items():
+            start = time.perf_counter()
+            if start > deadline:
+                return None
+            run()
+            if turn:
+                seconds[name].append(time.perf_counter() - start)
+    return {name: statistics.median(times) for name, times in seconds.items()}
+
+
+# --- the table on disk ---------------------------------------------------------------------------
+
+
+def table_path():
+    return user_cache_folder() / TABLE_NAME
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo's, else what platform says)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "cpu model", "hardware")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def table_key(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype) -> str:
+    """What a table holds for: this CPU model, core count and torch, and the model's shapes and dtype."""
+    listed = ", ".join(f"{count}×{form} {n}×{k}" for (form, n, k), count in sorted(shapes.items()))
+    return f"{cpu_model()}; {torch.get_num_threads()} threads; torch {torch.__version__}; {dtype}: {listed}"
+
+
+CALIBRATED = {f.name for f in fields(machine.CpuPolicy) if f.type in ("int", int)}  # what a table may set
+
+
+def read_table(key: str) -> Table | None:
+    """The table stored for `key`; None where there is none, or the file is not one we wrote."""
+    entry = _stored().get(key)
+    try:
+        table = Table(**entry)
+    except TypeError:  # None, or not a table's fields
+        return None
+    values = table.fields
+    if not isinstance(values, dict) or not all(k in CALIBRATED and type(v) is int and v >= 0 for k, v in values.items()):
+        return None
+    if values.get("widen_block_rows", 1) == 0:  # a step of a loop
+        return None
+    return table
+
+
+def save_table(key: str, table: Table) -> None:
+    """Add `table` to the file under `key` (a corrupt file is replaced); a file that cannot be
+    written leaves this process's policy as it is."""
+    tables = _stored()
+    tables.pop(key, None)
+    tables[key] = table.__dict__
+    kept = dict(list(tables.items())[-TABLES_KEPT:])
+    try:
+        write_atomic(table_path(), json.dumps({"format": TABLE_FORMAT, "tables": kept}, ensure_ascii=False, indent=1))
+    except OSError:
+        pass
+
+
+def _stored() -> dict:
+    """key → table (as written) from the file; {} where it is missing, unreadable or corrupt."""
+    try:
+        stored = json.loads(table_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    if not isinstance(stored, dict) or stored.get("format") != TABLE_FORMAT or not isinstance(stored.get("tables"), dict):
+        return {}
+    return stored["tables"]

@@ -1,0 +1,201 @@
+"""The kernel policy calibrated on the machine (`ops/calibration.py`): what it picks follows the
+timings (a fake timer here: no test depends on real timing), every pick computes the product it
+stands for, and the table on disk is used once written, rebuilt when corrupt, ignored when it is
+another machine's.
+
+Tolerances: those the calibration keeps candidates to (`calibration.TOLERANCE`), 1e-4 of the largest
+output in fp32 (tests/test_linear.py), 1e-2 where a kernel reads x in bf16 (tests/test_quantize.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from summarize.engine import load_model
+from summarize.engine.ops import calibration, machine
+from summarize.engine.ops.calibration import ROW_COUNTS, TOLERANCE, calibrate
+from summarize.engine.ops.linear import Projection, quantized
+from tiny_models import dense_reference, save_checkpoint
+
+N, K = 128, 128  # a shape every form takes (int4: rows a multiple of its packing block, K of its group)
+
+
+def faster(winner: str, rows_won: range, loser_time: float = 2.0):
+    """A timer under which `winner` takes 1 s at `rows_won` rows and `loser_time` elsewhere, and
+    every other candidate the other way round."""
+    calls = []
+
+    def timer(rows, candidates, deadline):
+        calls.append(rows)
+        won = rows in rows_won
+        return {name: (1.0 if (name == winner) == won else loser_time) for name in candidates}
+
+    timer.calls = calls
+    return timer
+
+
+def shapes(form: str) -> Counter:
+    return Counter({(form, N, K): 2, (form, 2 * N, K): 1})
+
+
+@pytest.fixture
+def policy_kept(monkeypatch):
+    """Whatever a test installs in `machine.POLICY` is undone after it."""
+    monkeypatch.setattr(machine, "POLICY", machine.POLICY)
+
+
+@pytest.fixture
+def cache(monkeypatch, tmp_path, policy_kept):
+    """Calibration on, its table in a cache folder of the test's own, timed by a fake timer that
+    makes W @ xᵀ win at 4 to 16 rows (installed as the default timer)."""
+    monkeypatch.delenv(calibration.ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    timer = faster("W @ xᵀ", range(4, 17))
+    monkeypatch.setattr(calibration, "taking_turns", timer)
+    return timer
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_checkpoint(dense_reference(), tmp_path_factory.mktemp("dense"))
+
+
+def test_the_fastest_fp32_order_is_the_one_taken():
+    table = calibrate(shapes("float32"), torch.float32, timer=faster("W @ xᵀ", range(4, 17)))
+    assert table.fields == {"weight_first_min_rows": 4, "weight_first_max_rows": 16} and table.complete
+    assert [race["rows"] for race in table.races] == [r for r in ROW_COUNTS if r <= 32]  # stops at its first loss after
+
+
+def test_an_order_that_never_wins_is_never_taken():
+    table = calibrate(shapes("float32"), torch.float32, timer=faster("x @ Wᵀ", range(1, 1000)))
+    assert table.fields == {"weight_first_min_rows": 1, "weight_first_max_rows": 0}
+
+
+@pytest.mark.parametrize("form, dtype, winner, field", [
+    ("int4", torch.bfloat16, "int4 kernel", "int4_kernel_max_rows"),
+    ("int4", torch.float32, "int4 kernel", "int4_kernel_max_rows"),
+    ("int8", torch.bfloat16, "int8 kernel", "int8_packed_max_rows"),
+])
+@pytest.mark.parametrize("up_to", [0, 1, 9, 32, ROW_COUNTS[-1]])
+def test_a_kernel_for_few_rows_takes_the_rows_it_wins_from_one(form, dtype, winner, field, up_to):
+    table = calibrate(shapes(form), dtype, timer=faster(winner, range(1, up_to + 1)))
+    assert table.fields == {field: up_to}
+
+
+def test_the_fastest_int8_widening_block_is_the_one_taken():
+    table = calibrate(shapes("int8"), torch.float32, timer=faster("widen 1024 rows at a time", range(1, 1000)))
+    assert table.fields == {"widen_block_rows": 1024}
+
+
+def test_an_inexact_candidate_never_wins(monkeypatch):
+    monkeypatch.setattr(calibration, "weight_first", lambda x, weight: torch.zeros(x.shape[0], weight.shape[0]))
+    table = calibrate(shapes("float32"), torch.float32, timer=faster("W @ xᵀ", range(1, 1000)))
+    assert table.fields == {"weight_first_min_rows": 1, "weight_first_max_rows": 0}
+    assert all(race["seconds"]["W @ xᵀ"] is None for race in table.races)
+
+
+def test_out_of_time_the_rest_keeps_the_default():
+    ticks = iter(range(1000))
+    table = calibrate(shapes("float32"), torch.float32, timer=faster("W @ xᵀ", range(4, 17)), budget=4.5,
+                      clock=lambda: float(next(ticks)))  # a second passes at each look at the clock
+    assert not table.complete and table.fields == {}
+
+
+@pytest.mark.parametrize("form, dtype, winner, rows_won", [
+    ("float32", torch.float32, "W @ xᵀ", range(4, 17)),
+    ("float32", torch.float32, "W @ xᵀ", range(1, 3)),
+    ("int4", torch.float32, "int4 kernel", range(1, 10)),
+    ("int4", torch.bfloat16, "int4 kernel", range(1, 33)),
+    ("int8", torch.bfloat16, "int8 kernel", range(1, 5)),
+    ("int8", torch.float32, "widen 512 rows at a time", range(1, 1000)),
+])
+def test_every_policy_it_picks_computes_the_product(form, dtype, winner, rows_won, monkeypatch):
+    """The dispatch under the calibrated policy, at every row count, on either side of each switch."""
+    table = calibrate(shapes(form), dtype, timer=faster(winner, rows_won))
+    assert table.fields
+    monkeypatch.setattr(machine, "POLICY", replace(machine.POLICY, **table.fields))
+    gen = torch.Generator().manual_seed(0)
+    projection = quantized(Projection(torch.randn(N, K, generator=gen).to(dtype)), None if form == "float32" else form)
+    weight = calibration.dequantized(projection)
+    tolerance = TOLERANCE[torch.float32 if form == "float32" or (form == "int8" and dtype == torch.float32) else torch.bfloat16]
+    for rows in sorted({*ROW_COUNTS, *(r + 1 for r in ROW_COUNTS)}):
+        x = torch.randn(rows, K, generator=gen).to(dtype)
+        want = F.linear(x.float(), weight)
+        got = projection(x)
+        assert got.dtype == dtype and (got.float() - want).abs().max() <= tolerance * want.abs().max(), rows
+
+
+def test_loading_calibrates_once_and_then_reads_the_table(folder, cache, capsys):
+    load_model(folder, device="cpu", dtype=torch.float32, compile=False)
+    assert "timed this CPU's kernels" in capsys.readouterr().err
+    assert (machine.POLICY.weight_first_min_rows, machine.POLICY.weight_first_max_rows) == (4, 16)
+    timed = len(cache.calls)
+    assert timed and calibration.table_path().is_file()
+
+    machine.POLICY = replace(machine.POLICY, weight_first_min_rows=2, weight_first_max_rows=32)  # another process's start
+    load_model(folder, device="cpu", dtype=torch.float32, compile=False)
+    assert len(cache.calls) == timed and capsys.readouterr().err == ""
+    assert (machine.POLICY.weight_first_min_rows, machine.POLICY.weight_first_max_rows) == (4, 16)
+
+
+def test_a_corrupt_table_is_rebuilt(folder, cache):
+    calibration.table_path().parent.mkdir(parents=True)
+    calibration.table_path().write_text('{"format": 1, "tables": {"')
+    load_model(folder, device="cpu", dtype=torch.float32, compile=False)
+    assert cache.calls
+    tables = json.loads(calibration.table_path().read_text())["tables"]
+    assert [table["fields"] for table in tables.values()] == [{"weight_first_min_rows": 4, "weight_first_max_rows": 16}]
+
+
+def test_an_entry_with_fields_no_policy_has_is_rebuilt(folder, cache):
+    model = load_model(folder, device="cpu", dtype=torch.float32, compile=False)
+    key = calibration.table_key(calibration.model_shapes(model), torch.float32)
+    calibration.save_table(key, calibration.Table({"weight_first_min_rows": -3}, [], 0.0, True))
+    calls = len(cache.calls)
+    load_model(folder, device="cpu", dtype=torch.float32, compile=False)
+    assert len(cache.calls) > calls and machine.POLICY.weight_first_min_rows == 4
+
+
+@pytest.mark.parametrize("other", ["cpu", "torch", "threads"])
+def test_a_table_for_another_machine_is_ignored(folder, cache, monkeypatch, other):
+    with monkeypatch.context() as elsewhere:
+        if other == "cpu":
+            elsewhere.setattr(calibration, "cpu_model", lambda: "Some Other CPU")
+        elif other == "torch":
+            elsewhere.setattr(torch, "__version__", "1.0.0")
+        else:
+            elsewhere.setattr(torch, "get_num_threads", lambda: 64)
+        elsewhere.setattr(calibration, "taking_turns", faster("W @ xᵀ", range(2, 33)))
+        load_model(folder, device="cpu", dtype=torch.float32, compile=False)
+    assert machine.POLICY.weight_first_min_rows == 2 and not cache.calls
+    load_model(folder, device="cpu", dtype=torch.float32, compile=False)
+    assert cache.calls and (machine.POLICY.weight_first_min_rows, machine.POLICY.weight_first_max_rows) == (4, 16)
+    assert len(json.loads(calibration.table_path().read_text())["tables"]) == 2  # the other machine's kept
+
+
+def test_calibrate_0_keeps_the_portable_default(folder, cache, monkeypatch):
+    monkeypatch.setenv(calibration.ENV, "0")
+    before = machine.POLICY
+    load_model(folder, device="cpu", dtype=torch.float32, compile=False)
+    assert machine.POLICY is before and not cache.calls and not calibration.table_path().exists()
+
+
+def test_the_real_timer_gives_each_candidate_a_time():
+    runs = Counter()
+    candidates = {name: (lambda name=name: runs.update([name])) for name in ("a", "b")}
+    seconds = calibration.taking_turns(1, candidates)
+    assert set(seconds) == {"a", "b"} and all(s >= 0 for s in seconds.values())
+    assert runs == {"a": calibration.TURNS + 1, "b": calibration.TURNS + 1}
+    assert calibration.taking_turns(1, candidates, deadline=0.0) is None  # past its deadline: nothing more run
+    assert runs == {"a": calibration.TURNS + 1, "b": calibration.TURNS + 1}
+
+
+def test_a_timing_past_the_deadline_leaves_the_rest_to_the_default():
+    table = calibrate(shapes("float32"), torch.float32, timer=lambda rows, candidates, deadline: None)
+    assert not table.complete and table.fields == {} and table.races == []
