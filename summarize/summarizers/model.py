@@ -109,7 +109,7 @@ class ModelSummarizer:
         self.map_batch = map_batch_size(session, self.chunk_tokens, batch_memory)
         self.cache = cache
         self.progress = ModelProgress()
-        # per-token span reports cost ~10% of a decode step: only when someone reads them
+        # per-token span reports cost a share of each decode step: only when someone reads them
         session.model.listener = self._span if on_span is not None or diagnostics is not None else None
 
     # -- documents in, summaries out ------------------------------------------------------------

@@ -59,7 +59,7 @@ def load_session(settings: Settings, notify: Callable[[str], None],
 
     `waiting` is told what the user waits for while it lasts (a str), then that it is over (None):
     loading, and later each compile of a step at its first use (on a machine's first run, the
-    prefill step's takes ~25 s), which `notify` then hears with its seconds."""
+    prefill step's takes longest), which `notify` then hears with its seconds."""
     dtype = getattr(torch, settings.dtype) if settings.dtype else None
     waiting = waiting or (lambda what: None)
     started = time.perf_counter()
@@ -103,7 +103,7 @@ def _steps(model) -> str:
 
 def _compiles_told(waiting: Callable[[str | None], None], notify: Callable[[str], None]) -> Callable[[str | None], None]:
     """`waiting` for the live view while a step compiles, and a note when it is done:
-    "compiled the prefill step in 8 s" (a first run on a machine compiles; later ones read
+    "compiled the prefill step in N s" (a first run on a machine compiles; later ones read
     inductor's disk cache)."""
     current: dict = {}
 
