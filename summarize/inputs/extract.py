@@ -42,6 +42,7 @@ __all__ = ["ExtractionError", "SUPPORTED_SUFFIXES", "clean_text", "extract_text"
 SUPPORTED_SUFFIXES = (".pdf", ".txt", ".md", ".epub", ".docx", ".html", ".htm")
 MARKDOWN_SUFFIXES = (".md", ".markdown")
 ZIPPED_SUFFIXES = (".epub", ".docx")
+QUIET_LOGGERS = ("pypdf", "trafilatura", "justext")  # parents of every pypdf.*, trafilatura.* logger
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,7 +105,7 @@ def text_from_bytes(
     suffix = "" if stdin else url_suffix(str(source)) if is_url(source) else Path(source).suffix.lower()
     notes: list[str] = []
     try:
-        with _quiet_pypdf(verbose):
+        with _quiet_readers(verbose):
             if looks_like_pdf(data) or suffix == ".pdf":
                 kind = None if looks_like_pdf(data) else known_kind(data)
                 if kind is not None:
@@ -143,20 +144,22 @@ def _zipped_text(data: bytes, label: str) -> str:
 
 
 @contextlib.contextmanager
-def _quiet_pypdf(verbose: bool) -> Iterator[None]:
-    """Keep pypdf's log lines and warnings about harmless defects off the terminal."""
+def _quiet_readers(verbose: bool) -> Iterator[None]:
+    """Keep pypdf's and trafilatura's log lines and warnings about harmless defects off the terminal."""
     if verbose:
         yield
         return
-    logger = logging.getLogger("pypdf")  # parent of every pypdf.* logger
-    old_level = logger.level
-    logger.setLevel(logging.CRITICAL + 1)
+    loggers = [logging.getLogger(name) for name in QUIET_LOGGERS]
+    old_levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
-        logger.setLevel(old_level)
+        for logger, level in zip(loggers, old_levels):
+            logger.setLevel(level)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import re
 
 from summarize.inputs.markup import CELL_SEPARATOR
 from summarize.inputs.read_bytes import ExtractionError
+from summarize.settings import format_size
 
 HTML_SUFFIXES = (".html", ".htm", ".xhtml")
 EXTRA = "html"
@@ -28,12 +29,17 @@ def html_main_text(data: bytes, label: str) -> str:
     except ImportError as exc:
         raise ExtractionError(f"{label}: reading web pages needs the '{EXTRA}' extra: "
                               f"pip install 'summarize[{EXTRA}]'") from exc
+    from trafilatura.settings import DEFAULT_CONFIG
+
+    most = DEFAULT_CONFIG.getint("DEFAULT", "MAX_FILE_SIZE")  # trafilatura's work grows faster than the page
+    if len(data) > most:
+        raise ExtractionError(f"{label}: larger than {format_size(most)}, the most a web page is read for its main text")
     # trafilatura decodes the bytes itself, by the page's declared charset or by detection.
-    text = trafilatura.extract(data, output_format="markdown", include_tables=True, include_comments=False,
-                               include_images=False, include_links=False, deduplicate=True)
+    options = dict(output_format="markdown", include_tables=True, include_comments=False, include_images=False,
+                   include_links=False, fast=True)  # fast: no fallback extractors, whose cost grows as blocks squared
+    text = trafilatura.extract(data, **options)
     if not text:  # a short page can fall under its thresholds: look harder before giving up
-        text = trafilatura.extract(data, output_format="markdown", include_tables=True, include_comments=False,
-                                   favor_recall=True)
+        text = trafilatura.extract(data, favor_recall=True, **options)
     if not text:
         raise ExtractionError(f"{label}: no main text found in the page")
     return "\n\n".join(_rows_as_paragraphs(text.split("\n")))
