@@ -168,7 +168,7 @@ def summarize(
     ctx: typer.Context,
     inputs: Annotated[list[str] | None, typer.Argument(
         metavar="INPUT", show_default=False,
-        help="PDF, .txt or .md files, folders (searched recursively), or - for stdin.")] = None,
+        help="PDF, EPUB, .docx, .html, .txt or .md files, http(s) URLs, folders (searched recursively), or - for stdin.")] = None,
     words: Annotated[int, typer.Option(
         "-n", "--words", min=1, max=MAX_WORDS, help="Target length in words (a CJK character counts as one).",
         rich_help_panel="Output")

@@ -149,7 +149,7 @@ def test_duplicates_are_read_once(tmp_path: Path):
 def test_empty_folder_is_a_failed_input(tmp_path: Path):
     (tmp_path / "empty").mkdir()
     (job,) = plan_jobs([str(tmp_path / "empty")]).jobs
-    assert "no .pdf, .txt, .md files" in job.problem
+    assert "no .pdf, .txt, .md, .epub, .docx, .html, .htm files" in job.problem
 
 
 @pytest.mark.parametrize("inputs", [[], ["-", "-"]])

@@ -1,4 +1,5 @@
-"""Turn an input (PDF, plain text, Markdown or stdin) into clean text for the chunker."""
+"""Turn an input (PDF, EPUB, Word .docx, HTML, plain text, Markdown, an http(s) URL or stdin) into
+clean text for the chunker."""
 
 from __future__ import annotations
 
@@ -19,14 +20,29 @@ from pypdf import PageObject, PasswordType, PdfReader
 from pypdf.errors import DependencyError, EmptyFileError
 
 from summarize.errors import first_line
-from summarize.inputs.read_bytes import ExtractionError, known_kind, looks_like_pdf, read_file, read_input, utf16_without_bom
+from summarize.inputs.archive import Archive
+from summarize.inputs.docx import docx_text, is_docx
+from summarize.inputs.epub import epub_text, is_epub
+from summarize.inputs.html import HTML_SUFFIXES, html_main_text, looks_like_html
+from summarize.inputs.read_bytes import (
+    ExtractionError,
+    known_kind,
+    looks_like_pdf,
+    looks_like_zip,
+    read_file,
+    read_local_input,
+    utf16_without_bom,
+)
+from summarize.inputs.url import is_url, read_url, url_suffix
 from summarize.settings import DEFAULT_MAX_INPUT_SIZE, STDIN, STDIN_LABEL, format_size
 
 __all__ = ["ExtractionError", "SUPPORTED_SUFFIXES", "clean_text", "extract_text", "iter_pdf_pages", "read_input",
            "text_from_bytes"]
 
-SUPPORTED_SUFFIXES = (".pdf", ".txt", ".md")
+SUPPORTED_SUFFIXES = (".pdf", ".txt", ".md", ".epub", ".docx", ".html", ".htm")
 MARKDOWN_SUFFIXES = (".md", ".markdown")
+ZIPPED_SUFFIXES = (".epub", ".docx")
+QUIET_LOGGERS = ("pypdf", "trafilatura", "justext")  # parents of every pypdf.*, trafilatura.* logger
 
 
 # ---------------------------------------------------------------------------------------------
@@ -42,11 +58,15 @@ def extract_text(
     notify: Callable[[str], None] | None = None,
     max_bytes: int = DEFAULT_MAX_INPUT_SIZE,
 ) -> str:
-    """Clean text of a .pdf/.txt/.md file, of any text file, or of stdin when `source` is "-".
-    A pipe or FIFO is read as a stream; no more than `max_bytes` is read of any input.
+    """Clean text of a .pdf/.epub/.docx/.html/.txt/.md file, of any text file, of an http(s) URL,
+    or of stdin when `source` is "-". A pipe or FIFO is read as a stream; no more than `max_bytes`
+    is read of any input.
 
     The content decides, not the name: PDF bytes are read as a PDF whatever the suffix (so
-    `cat a.pdf | summarize -` works). pypdf's warnings reach the terminal only when `verbose`.
+    `cat a.pdf | summarize -` works), a ZIP archive as an EPUB or a Word file by what it holds, a
+    page that starts as HTML (<!DOCTYPE html>, <html>) as a web page: its main text only. EPUB
+    chapters and headings of Word and HTML come as Markdown `#` lines. pypdf's warnings reach the
+    terminal only when `verbose`.
     Text is UTF-8 unless a BOM says UTF-16/UTF-32; bytes that are not UTF-8 are read as
     Windows-1252, and a one-line note naming the input says so: it goes to `notify` (the CLI's
     `Reporter.note`), or is a warning when there is none. Markdown (.md) loses its code blocks,
@@ -62,6 +82,14 @@ def extract_text(
     return text_from_bytes(data, source, password=password, verbose=verbose, notify=notify)
 
 
+def read_input(source: str | Path, *, max_bytes: int = DEFAULT_MAX_INPUT_SIZE) -> bytes:
+    """The bytes of a file, of stdin ("-") or of an http(s) URL; ExtractionError (one line naming
+    the input) for a missing, empty, unreadable, unreachable, binary or too large one."""
+    if is_url(source):
+        return read_url(str(source), max_bytes=max_bytes)
+    return read_local_input(source, max_bytes=max_bytes)
+
+
 def text_from_bytes(
     data: bytes,
     source: str | Path,
@@ -71,20 +99,25 @@ def text_from_bytes(
     notify: Callable[[str], None] | None = None,
 ) -> str:
     """`extract_text` of bytes already read from `source` (which names the input and, by its
-    suffix, says whether it is Markdown): a process without access to the file can read it."""
+    suffix, says whether it is Markdown or HTML): a process without access to the file can read it."""
     stdin = str(source) == STDIN
     label = STDIN_LABEL if stdin else str(source)
+    suffix = "" if stdin else url_suffix(str(source)) if is_url(source) else Path(source).suffix.lower()
     notes: list[str] = []
     try:
-        with _quiet_pypdf(verbose):
-            if looks_like_pdf(data) or (not stdin and Path(source).suffix.lower() == ".pdf"):
+        with _quiet_readers(verbose):
+            if looks_like_pdf(data) or suffix == ".pdf":
                 kind = None if looks_like_pdf(data) else known_kind(data)
                 if kind is not None:
                     raise ExtractionError(f"{label}: {kind}, not a PDF")
                 text = _pdf_text(_iter_pages(io.BytesIO(data), label, password, notes), label)
+            elif looks_like_zip(data) or suffix in ZIPPED_SUFFIXES:
+                text = clean_text(_zipped_text(data, label))
+            elif suffix in HTML_SUFFIXES or looks_like_html(data):
+                text = clean_text(html_main_text(data, label))
             else:
                 decoded = _decode(data, label, notes)
-                if not stdin and Path(source).suffix.lower() in MARKDOWN_SUFFIXES:
+                if suffix in MARKDOWN_SUFFIXES:
                     decoded = _markdown_prose(decoded, label)
                 text = clean_text(decoded)
     finally:
@@ -98,21 +131,35 @@ def text_from_bytes(
     return text
 
 
+def _zipped_text(data: bytes, label: str) -> str:
+    """An EPUB's or a Word file's text, told apart by what the archive holds."""
+    if not looks_like_zip(data):
+        raise ExtractionError(f"{label}: not a ZIP archive, as EPUB and Word (.docx) files are")
+    archive = Archive(data, label)
+    if is_epub(archive):
+        return epub_text(archive)
+    if is_docx(archive):
+        return docx_text(archive)
+    raise ExtractionError(f"{label}: a ZIP archive, not an EPUB or a Word (.docx) file")
+
+
 @contextlib.contextmanager
-def _quiet_pypdf(verbose: bool) -> Iterator[None]:
-    """Keep pypdf's log lines and warnings about harmless defects off the terminal."""
+def _quiet_readers(verbose: bool) -> Iterator[None]:
+    """Keep pypdf's and trafilatura's log lines and warnings about harmless defects off the terminal."""
     if verbose:
         yield
         return
-    logger = logging.getLogger("pypdf")  # parent of every pypdf.* logger
-    old_level = logger.level
-    logger.setLevel(logging.CRITICAL + 1)
+    loggers = [logging.getLogger(name) for name in QUIET_LOGGERS]
+    old_levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
-        logger.setLevel(old_level)
+        for logger, level in zip(loggers, old_levels):
+            logger.setLevel(level)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from summarize.settings import DEFAULT_MAX_INPUT_SIZE, STDIN, STDIN_LABEL, forma
 READ_BLOCK = 1 << 20  # bytes read at a time from a stream
 SNIFF_BYTES = 1024  # what is binary is decided from this much
 PDF_MAGIC = b"%PDF-"
+ZIP_MAGIC = b"PK\x03\x04"  # EPUB and Word (.docx) files are ZIP archives
 PDF_MAGIC_WINDOW = 1024  # the PDF spec lets the header start anywhere in the first 1 KiB
 # UTF-16 without a BOM: in its ASCII text every other byte is NUL, on one side only
 UTF16_NUL_SHARE = 0.4
@@ -29,7 +30,7 @@ class ExtractionError(SummarizeError):
     """An input could not be turned into text; the message is one line naming the input."""
 
 
-def read_input(source: str | Path, *, max_bytes: int = DEFAULT_MAX_INPUT_SIZE) -> bytes:
+def read_local_input(source: str | Path, *, max_bytes: int = DEFAULT_MAX_INPUT_SIZE) -> bytes:
     """The bytes of a file, or of stdin when `source` is "-"; ExtractionError (one line naming the
     input) for a missing, empty, unreadable, binary or too large one."""
     if str(source) == STDIN:
@@ -39,6 +40,10 @@ def read_input(source: str | Path, *, max_bytes: int = DEFAULT_MAX_INPUT_SIZE) -
 
 def looks_like_pdf(data: bytes) -> bool:
     return PDF_MAGIC in data[:PDF_MAGIC_WINDOW]
+
+
+def looks_like_zip(data: bytes) -> bool:
+    return data.startswith(ZIP_MAGIC)
 
 
 # what a file named .pdf turns out to be, by its first bytes
@@ -83,11 +88,11 @@ def read_file(path: Path, label: str, max_bytes: int = DEFAULT_MAX_INPUT_SIZE) -
     if stat.S_ISREG(st.st_mode):
         if st.st_size == 0:
             raise ExtractionError(f"{label}: the file is empty")
-        _check_size(st.st_size, label, max_bytes)
+        check_size(st.st_size, label, max_bytes)
     try:
         with open(path, "rb") as f:  # a FIFO or pipe (`<(cmd)`) is read as a stream
             # a .pdf is read as one whatever it holds: pypdf's reading says what is wrong with it
-            data = _read_limited(f, label, max_bytes, sniff=path.suffix.lower() != ".pdf")
+            data = read_limited(f, label, max_bytes, sniff=path.suffix.lower() != ".pdf")
     except OSError as exc:
         raise ExtractionError(f"{label}: cannot read the file ({exc.strerror or exc})") from exc
     if not data:
@@ -101,15 +106,15 @@ def _read_stdin(max_bytes: int) -> bytes:
     buffer = getattr(sys.stdin, "buffer", None)  # a test harness may install a text-only stdin
     if buffer is None:
         data = sys.stdin.read(max_bytes + 1).encode("utf-8")
-        _check_size(len(data), STDIN_LABEL, max_bytes)
+        check_size(len(data), STDIN_LABEL, max_bytes)
     else:
-        data = _read_limited(buffer, STDIN_LABEL, max_bytes)
+        data = read_limited(buffer, STDIN_LABEL, max_bytes)
     if not data:
         raise ExtractionError(f"{STDIN_LABEL}: the input is empty")
     return data
 
 
-def _read_limited(f: BinaryIO, label: str, max_bytes: int, *, sniff: bool = True) -> bytes:
+def read_limited(f: BinaryIO, label: str, max_bytes: int, *, sniff: bool = True) -> bytes:
     """All of `f` in blocks, refused once past `max_bytes` or (`sniff`) when its first KiB is binary."""
     blocks: list[bytes] = []
     total = 0
@@ -121,7 +126,7 @@ def _read_limited(f: BinaryIO, label: str, max_bytes: int, *, sniff: bool = True
             _refuse_binary_head(block, label)
         blocks.append(block)
         total += len(block)
-        _check_size(total, label, max_bytes)
+        check_size(total, label, max_bytes)
     return b"".join(blocks)
 
 
@@ -129,13 +134,13 @@ def _refuse_binary_head(head: bytes, label: str) -> None:
     """NUL bytes in the first KiB of what is no PDF, no UTF-16/32 text: binary, said before the
     rest is read (the whole text is checked again when it is decoded)."""
     sniff = head[:SNIFF_BYTES]
-    if b"\x00" not in sniff or looks_like_pdf(sniff) or sniff.startswith(_BOM_STARTS):
+    if b"\x00" not in sniff or looks_like_pdf(sniff) or looks_like_zip(sniff) or sniff.startswith(_BOM_STARTS):
         return
     if utf16_without_bom(head) is None:
         raise ExtractionError(f"{label}: binary data, not a PDF or a text file")
 
 
-def _check_size(size: int, label: str, max_bytes: int) -> None:
+def check_size(size: int, label: str, max_bytes: int) -> None:
     if size > max_bytes:
         raise ExtractionError(f"{label}: larger than {format_size(max_bytes)}, the input size limit "
                               "(--max-input-size raises it)")

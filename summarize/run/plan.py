@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from summarize.errors import SummarizeError
 from summarize.inputs.extract import SUPPORTED_SUFFIXES
+from summarize.inputs.url import is_url, url_file_name
 from summarize.records import Job
 from summarize.settings import STDIN
 
@@ -48,10 +49,10 @@ def plan_jobs(inputs: Sequence[str], output: str | Path | None = None, *,
         raise SummarizeError("no input given")
     if sum(1 for i in inputs if i == STDIN) > 1:
         raise SummarizeError("'-' (stdin) can be read only once")
-    several = len(inputs) > 1 or any(i != STDIN and Path(i).is_dir() for i in inputs)
+    several = len(inputs) > 1 or any(i != STDIN and not is_url(i) and Path(i).is_dir() for i in inputs)
     found = _expand(inputs)
     placed = _place(found, output, several)
-    read = _FileSet(Path(f.input) for f in found if f.input != STDIN)
+    read = _FileSet(Path(f.input) for f in found if f.input != STDIN and not is_url(f.input))
     for job in placed.jobs:
         if job.output is not None and job.output in read:
             raise SummarizeError(
@@ -65,12 +66,19 @@ def plan_jobs(inputs: Sequence[str], output: str | Path | None = None, *,
 
 
 def _expand(inputs: Sequence[str]) -> list[_Found]:
-    """Every input, folders expanded, in command-line order; a file named twice is read once."""
+    """Every input, folders expanded, in command-line order; a file or URL named twice is read once.
+    A URL is kept as written (a path would lose its "//") and named for `-o` by `url_file_name`."""
     found: list[_Found] = []
     seen: set[Path] = set()
+    urls: set[str] = set()
     for arg in inputs:
         if arg == STDIN:
             found.append(_Found(STDIN, Path("stdin"), ""))
+            continue
+        if is_url(arg):
+            if arg not in urls:
+                urls.add(arg)
+                found.append(_Found(arg, url_file_name(arg), ""))
             continue
         path = Path(arg)
         if not path.is_dir():
