@@ -46,7 +46,7 @@ class Summarizer:
         return self._summarizer.summarize(text, name=name)
 
     def summarize_file(self, path: str | Path) -> Summary:
-        """A PDF, text or Markdown file (or "-" for stdin), read as the CLI reads it."""
+        """A document the CLI reads (PDF, text, Markdown, EPUB, Word, HTML, an http(s) URL, or "-" for stdin), read as it reads it."""
         text = extract_text(path, password=self.settings.password, notify=self._reporter.note)
         return self.summarize_text(text, name=str(path))
 
