@@ -22,7 +22,7 @@ from summarize.cluster import run as ray_batch
 from summarize.cluster import worker as ray_worker
 from test_batch import documents, temp_files
 from test_cli_signals import ROOT, STALLING_CHILD, child_env, wait_for
-from tiny_models import REAL_TOKENIZER, tiny_released_layout
+from tiny_models import tiny_released_layout
 
 ray = pytest.importorskip("ray")
 
@@ -31,7 +31,8 @@ ray = pytest.importorskip("ray")
 BUSY_WORKERS_CHILD = """
 import sys, time
 from pathlib import Path
-from summarize import cli, ray_pool, ray_worker
+from summarize import cli
+from summarize.cluster import pool as ray_pool, worker as ray_worker
 
 ready = Path(sys.argv[1])
 
@@ -103,8 +104,6 @@ def test_a_bad_file_fails_alone_with_its_line_and_the_table_names_it(cluster, fo
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    if not REAL_TOKENIZER.is_file():
-        pytest.skip("needs ../shared/reference/qwen3.5/tokenizer.json")
     return tiny_released_layout(tmp_path_factory.mktemp("tiny-qwen3.5"))
 
 
@@ -226,7 +225,7 @@ def test_ctrl_c_while_writing_leaves_no_temporary_file_and_exits_130(cluster, fo
          "--ray", "auto"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=child_env() | {"RAY_ADDRESS": cluster}, cwd=ROOT)
     wait_for(ready, proc, seconds=120)
-    assert temp_files(out)  # caught mid-write
+    assert temp_files(out), "the child's write stalled before its temporary file was made"  # caught mid-write
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import torch
 
-REAL_TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "reference" / "qwen3.5" / "tokenizer.json"
+from qwen_tokenizer import tokenizer_json
+
+QWEN_TOKENIZER = tokenizer_json()  # the released ids for every text of the tests (qwen_tokenizer.py)
 
 TEXT_CONFIG = dict(
     vocab_size=384,
@@ -87,7 +89,7 @@ def moe_reference(**overrides):
 
 
 def save_checkpoint(model, folder: Path, *, tokenizer: bool = False, mtp_tensors: bool = False) -> Path:
-    """save_pretrained, optionally with the real tokenizer and extra MTP tensors as released files have."""
+    """save_pretrained, optionally with the Qwen3.5 tokenizer and extra MTP tensors as released files have."""
     model.save_pretrained(folder, safe_serialization=True)
     if mtp_tensors:
         from safetensors.torch import save_file
@@ -96,7 +98,7 @@ def save_checkpoint(model, folder: Path, *, tokenizer: bool = False, mtp_tensors
         save_file({"mtp.fc.weight": torch.randn(hidden, 2 * hidden), "mtp.norm.weight": torch.randn(hidden)},
                   str(folder / "model-mtp.safetensors"))
     if tokenizer:
-        shutil.copy(REAL_TOKENIZER, folder / "tokenizer.json")
+        shutil.copy(QWEN_TOKENIZER, folder / "tokenizer.json")
         (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [248046, 248044]}))
     return folder
 
@@ -125,7 +127,7 @@ def mtp_reference(model, seed: int = 1):
 
 
 def tiny_released_layout(folder: Path, *, mtp_head: bool = False) -> Path:
-    """A tiny random model laid out like the released small checkpoints, with the real tokenizer;
+    """A tiny random model laid out like the released small checkpoints, with the Qwen3.5 tokenizer;
     with `mtp_head`, a whole multi-token-prediction head (else a stray part of one)."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
