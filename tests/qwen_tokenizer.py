@@ -4,8 +4,9 @@
 It has the released file's normalizer, pre-tokenizer, decoder, special tokens, chat markup and
 ids: every text of the tests and samples encodes to the released ids. The ids it left out are
 filled with placeholder words that no text encodes to, so that the vocabulary has its real size
-and a random model's every token decodes to something. SUMMARIZE_TEST_TOKENIZER=PATH runs the
-tests with another tokenizer.json (the released one: ../shared/reference/qwen3.5/tokenizer.json).
+and a random model's every token decodes to something. A few tests count what a random model's
+text becomes in words and tokens, which the placeholders change: they need the released file,
+named by SUMMARIZE_QWEN_TOKENIZER or found in ../shared/reference/qwen3.5 beside the repository.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import tempfile
 from pathlib import Path
 
 SMALL = Path(__file__).resolve().parent / "data" / "qwen3.5-tokenizer-small.json.gz"
+SHARED_RELEASED = Path(__file__).resolve().parents[2] / "shared" / "reference" / "qwen3.5" / "tokenizer.json"
+RELEASED_ENV = "SUMMARIZE_QWEN_TOKENIZER"
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
@@ -42,12 +45,17 @@ def completed(spec: dict) -> dict:
     return spec
 
 
-def tokenizer_json() -> Path:
-    """A tokenizer.json for the tests: SUMMARIZE_TEST_TOKENIZER, else the small file completed
-    (written once per version of it, in the temporary folder)."""
-    named = os.environ.get("SUMMARIZE_TEST_TOKENIZER")
+def released_tokenizer_json() -> Path | None:
+    """The released tokenizer.json where it is at hand, else None."""
+    named = os.environ.get(RELEASED_ENV)
     if named:
         return Path(named)
+    return SHARED_RELEASED if SHARED_RELEASED.is_file() else None
+
+
+def tokenizer_json() -> Path:
+    """The small file completed, as a tokenizer.json (written once per version of it, in the
+    temporary folder)."""
     packed = SMALL.read_bytes()
     path = Path(tempfile.gettempdir()) / f"summarize-tests-qwen3.5-{hashlib.sha256(packed).hexdigest()[:16]}.json"
     if not path.is_file():

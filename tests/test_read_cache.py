@@ -20,12 +20,11 @@ from summarize.summarizers import model as model_summarizer
 from summarize.summarizers.model import ModelSummarizer
 from summarize.summarizers.read_cache import CACHE_FORMAT, NOTES, STATES, ReadCache, read_cache_for
 from summarize.summarizers.session import load_session
-from tiny_models import tiny_released_layout
+from tiny_models import QWEN_TOKENIZER, RELEASED_TOKENIZER, needs_released_tokenizer, tiny_released_layout
 
 SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "target-tier-policy.txt"
 TEXT = SAMPLE.read_text()[:5000]  # several chunks of 300 tokens
 GREEDY = dict(device="cpu", dtype="float32", temperature=0)
-
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +36,7 @@ def short_notes(monkeypatch):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    return tiny_released_layout(tmp_path_factory.mktemp("tiny-qwen3.5"))
+    return tiny_released_layout(tmp_path_factory.mktemp("tiny-qwen3.5"), tokenizer=RELEASED_TOKENIZER or QWEN_TOKENIZER)
 
 
 def run(model_dir: Path, text: str = TEXT, *, strategy: str = MAP_REDUCE, words: int = 20, focus: str | None = None, **settings):
@@ -71,6 +70,7 @@ def entries(folder: Path, kind: str) -> list[Path]:
 # -- map-reduce: the notes of each chunk --------------------------------------------------------
 
 
+@needs_released_tokenizer
 def test_a_second_run_takes_every_chunks_notes_from_the_cache_whatever_its_length_and_focus(model_dir, read_cache_dir):
     first = run(model_dir)
     second = run(model_dir)
@@ -88,6 +88,7 @@ def test_a_second_run_takes_every_chunks_notes_from_the_cache_whatever_its_lengt
     assert other.progress.counters["cached_chunks"] == chunks and other.notes == first.notes
 
 
+@needs_released_tokenizer
 def test_notes_merged_in_groups_are_kept_too_so_a_second_run_decodes_only_its_summary(model_dir, monkeypatch, read_cache_dir):
     monkeypatch.setattr(model_summarizer, "NOTES_WORDS", 40)  # notes that outgrow one window: merged in groups
     text = SAMPLE.read_text()[:9000]
@@ -121,6 +122,7 @@ def test_a_setting_that_changes_the_notes_misses(model_dir):
     assert run(model_dir).progress.counters["cached_chunks"] == 0
 
 
+@needs_released_tokenizer
 def test_corrupt_truncated_and_foreign_entries_are_ignored_and_written_again(model_dir, read_cache_dir):
     first = run(model_dir)
     files = entries(read_cache_dir, NOTES)
@@ -165,6 +167,7 @@ def summarize_json(*args: str) -> dict:
     return json.loads(result.stdout)
 
 
+@needs_released_tokenizer
 def test_the_command_line_reports_cached_chunks_and_no_cache_writes_nothing(model_dir, read_cache_dir, tmp_path):
     doc = tmp_path / "doc.txt"
     doc.write_text(TEXT)
