@@ -23,6 +23,13 @@ from qwen_tokenizer import SMALL as OUT  # noqa: E402
 from qwen_tokenizer import completed  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
+# llama.cpp's converter names the pre-tokenizer by the hash of this text's ids (conversion/base.py)
+LLAMA_CPP_CHECK_TEXT = (
+    '\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated'
+    ') ✅ 🦙🦙 3 33 333 3333 33333 333333 3333333 33333333 3.3 3..3 3...3 កាន់តែពិសេសអាច😁 ?我想在apple工作131415'
+    '1天～ ------======= нещо на Български \'\'\'\'\'\'```````""""......!!!!!!?????? I\'ve been \'told he\''
+    "s there, 'RE you sure? 'M not sure I'll make it, 'D you like some tea? We'Ve a'lL"
+)
 
 
 def repository_texts() -> list[str]:
@@ -31,7 +38,7 @@ def repository_texts() -> list[str]:
     for source in (REPO / "tests").rglob("*.py"):
         tree = ast.parse(source.read_text(encoding="utf-8"))
         texts += [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)]
-    return [text for text in texts if _utf8(text)]
+    return [LLAMA_CPP_CHECK_TEXT, *(text for text in texts if _utf8(text))]
 
 
 def _utf8(text: str) -> bool:
