@@ -1,8 +1,12 @@
-"""Write a random-weight checkpoint of a real Qwen3.5 shape (from ../shared/reference/qwen3.5), or
-of Mobius's RWKV-6 shape.
+"""Write a random-weight checkpoint of a real Qwen3.5 shape, or of Mobius's RWKV-6 shape.
 
     python bench/random_checkpoint.py 0.8B /tmp/qwen3.5-0.8B-random [--dtype bfloat16] [--layers N]
     python bench/random_checkpoint.py mobius /tmp/mobius-1-layer --layers 1
+
+A Qwen3.5 shape's config and tokenizer come from `--reference DIR` (a folder of the released
+files: config.json and tokenizer.json; or Qwen3.5-<shape>.config.json beside tokenizer.json, as in
+../shared/reference/qwen3.5), else from ../shared/reference/qwen3.5 beside this repository, else
+from the hub (Qwen/Qwen3.5-<shape>: two small files, kept in the hub's cache).
 
 transformers builds and saves the Qwen3.5 shapes, so the files are laid out exactly as the hub's;
 the multi-token-prediction head (mtp.*) is written beside them, and the real tokenizer. Mobius (RWKV-6, 12B: hidden 5120, 80 heads of 64, FFN
@@ -19,18 +23,46 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import torch
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "qwen3.5"
-TOKENIZER = REFERENCE / "tokenizer.json"
+SHARED_REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "qwen3.5"
 # Mobius-RWKV-r6-12B, from its config and tensor shapes
 MOBIUS = dict(vocab=65536, hidden=5120, layers=32, head_size=64, ffn=17920, mix_rank=32, decay_rank=64)
 
 
-def text_config(name: str, layers: int | None = None) -> dict:
-    config = json.loads((REFERENCE / f"Qwen3.5-{name}.config.json").read_text())
+class ReferenceMissing(Exception):
+    """The released config or tokenizer of a shape cannot be had: the message says what to pass."""
+
+
+def released_files(name: str, reference: Path | None = None) -> tuple[Path, Path]:
+    """(config, tokenizer.json) of the Qwen3.5 shape `name`: from `reference`, else
+    ../shared/reference/qwen3.5, else the hub."""
+    folder = reference or SHARED_REFERENCE
+    config = next((p for p in (folder / f"Qwen3.5-{name}.config.json", folder / "config.json") if p.is_file()), None)
+    if config and (folder / "tokenizer.json").is_file():
+        return config, folder / "tokenizer.json"
+    if reference:
+        raise ReferenceMissing(f"{folder} holds no Qwen3.5-{name}.config.json or config.json, and tokenizer.json")
+    return _from_hub(f"Qwen/Qwen3.5-{name}")
+
+
+def _from_hub(repo: str) -> tuple[Path, Path]:
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return tuple(Path(hf_hub_download(repo, file)) for file in ("config.json", "tokenizer.json"))
+    except Exception as exc:  # offline, HF_HUB_OFFLINE without a cached copy, no such repository
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ReferenceMissing(
+            f"cannot fetch {repo}'s config.json and tokenizer.json from the hub ({reason}); pass --reference DIR, "
+            f"a folder with them (or ../shared/reference/qwen3.5 beside this repository)") from exc
+
+
+def text_config(config_file: Path, layers: int | None = None) -> dict:
+    config = json.loads(config_file.read_text())
     text = dict(config.get("text_config", config))
     text["tie_word_embeddings"] = config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
     if layers is not None:
@@ -38,10 +70,11 @@ def text_config(name: str, layers: int | None = None) -> dict:
     return text
 
 
-def build(name: str, folder: Path, dtype: torch.dtype, layers: int | None = None) -> Path:
+def build(name: str, folder: Path, dtype: torch.dtype, layers: int | None = None, reference: Path | None = None) -> Path:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    text = text_config(name, layers)
+    config_file, tokenizer = released_files(name, reference)
+    text = text_config(config_file, layers)
     config = AutoConfig.for_model(text.pop("model_type"), **text)
     torch.manual_seed(0)
     with torch.device("cpu"):
@@ -58,7 +91,7 @@ def build(name: str, folder: Path, dtype: torch.dtype, layers: int | None = None
     del model
     if text.get("mtp_num_hidden_layers"):
         save_mtp_head(folder, dtype)
-    shutil.copy(TOKENIZER, folder / "tokenizer.json")
+    shutil.copy(tokenizer, folder / "tokenizer.json")
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [248046, 248044]}))
     return folder
 
@@ -66,8 +99,6 @@ def build(name: str, folder: Path, dtype: torch.dtype, layers: int | None = None
 def save_mtp_head(folder: Path, dtype: torch.dtype) -> None:
     """The multi-token-prediction head the released files carry (mtp.*, which transformers does
     not build), random, in its own file."""
-    import sys
-
     from safetensors.torch import save_file
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -127,8 +158,13 @@ if __name__ == "__main__":
     parser.add_argument("folder", type=Path)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--layers", type=int, help="keep only the first N layers")
+    parser.add_argument("--reference", type=Path, help="a folder with the shape's released config.json and "
+                        "tokenizer.json (default: ../shared/reference/qwen3.5, else the hub)")
     args = parser.parse_args()
     if args.shape == "mobius":
         print(build_rwkv6(args.folder, getattr(torch, args.dtype), args.layers))
     else:
-        print(build(args.shape, args.folder, getattr(torch, args.dtype), args.layers))
+        try:
+            print(build(args.shape, args.folder, getattr(torch, args.dtype), args.layers, args.reference))
+        except ReferenceMissing as exc:
+            sys.exit(f"random_checkpoint.py: {exc}")

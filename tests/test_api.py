@@ -11,7 +11,7 @@ import pytest
 
 import summarize
 from summarize import SummarizeError, Summarizer, Summary, summarize_file, summarize_text
-from tiny_models import REAL_TOKENIZER, tiny_released_layout
+from tiny_models import tiny_released_layout
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 PDF = SAMPLES / "target-tier-policy.pdf"
@@ -35,7 +35,6 @@ def test_the_defaults_are_the_clis():
     assert summary.text + "\n" == proc.stdout
 
 
-@pytest.mark.skipif(not REAL_TOKENIZER.is_file(), reason="needs ../shared/reference/qwen3.5/tokenizer.json")
 def test_a_summarizer_loads_its_model_once_for_many_calls(tmp_path, monkeypatch):
     import summarize.summarizers.session as session
 

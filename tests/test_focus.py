@@ -14,7 +14,7 @@ from summarize.summarizers.extractive import ExtractiveSummarizer
 from summarize.summarizers.model import ModelSummarizer
 from summarize.summarizers.prompts import MAP_INSTRUCTION, REDUCE_PROMPT, SINGLE_INSTRUCTION, focus_sentence
 from summarize.summarizers.session import load_session
-from tiny_models import REAL_TOKENIZER, tiny_released_layout
+from tiny_models import tiny_released_layout
 
 SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "target-tier-policy.txt"
 
@@ -43,7 +43,6 @@ def test_without_a_focus_the_prompts_are_as_before():
     assert "{focus}" not in MAP_INSTRUCTION  # the notes on each chunk never narrow to it
 
 
-@pytest.mark.skipif(not REAL_TOKENIZER.is_file(), reason="needs ../shared/reference/qwen3.5/tokenizer.json")
 @pytest.mark.parametrize("strategy, chunk_tokens", [(MAP_REDUCE, 1536), (MAP_REDUCE, 256), (STREAM, 256)])
 def test_the_focus_is_in_the_final_prompt_only(tmp_path, strategy, chunk_tokens):
     session = load_session(Settings(model=str(tiny_released_layout(tmp_path / "tiny")), temperature=0), lambda msg: None)

@@ -41,14 +41,13 @@ from summarize.engine.tokenizers.tokenizer import Tokenizer
 from summarize.engine.weights import gguf_file as gguf_file_module
 from summarize.engine.weights.gguf_file import GGUFFile, StringList
 from summarize.errors import SummarizeError
-from tiny_models import REAL_TOKENIZER, RWKV_TINY, blinkdl_checkpoint, dense_reference, hf_layout, moe_reference, save_checkpoint
+from tiny_models import QWEN_TOKENIZER, RWKV_TINY, blinkdl_checkpoint, dense_reference, hf_layout, moe_reference, save_checkpoint
 
 gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 248320  # the converter writes the real tokenizer, so the models have its vocabulary
-needs_tokenizer = pytest.mark.skipif(not REAL_TOKENIZER.is_file(), reason="needs ../shared/reference/qwen3.5/tokenizer.json")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -75,8 +74,6 @@ class Converted:
 
 
 def qwen(tmp_path_factory, name: str, make, *extra: str, **overrides) -> Converted:
-    if not REAL_TOKENIZER.is_file():
-        pytest.skip("needs ../shared/reference/qwen3.5/tokenizer.json")
     reference = make(vocab_size=VOCAB, **overrides)
     folder = save_checkpoint(reference, tmp_path_factory.mktemp("gguf") / name, tokenizer=True)
     return Converted(reference, folder, "--no-mtp", *extra)
@@ -375,11 +372,10 @@ TEXTS = [
 ]
 
 
-@needs_tokenizer
 def test_the_tokenizer_from_the_metadata_gives_tokenizer_jsons_ids(dense):
     model = load_model(dense.gguf("q8_0"), device="cpu", dtype=torch.float32, compile=False)
     tokenizer, stop_ids = load_tokenizer(model)
-    reference = Tokenizer.from_file(REAL_TOKENIZER)
+    reference = Tokenizer.from_file(QWEN_TOKENIZER)
     assert tokenizer.vocab_size == reference.vocab_size
     for text in TEXTS:
         assert tokenizer.encode(text) == reference.encode(text), text
@@ -389,13 +385,12 @@ def test_the_tokenizer_from_the_metadata_gives_tokenizer_jsons_ids(dense):
     assert stop_ids == {2, reference.token_id("<|im_end|>"), reference.token_id("<|endoftext|>")}
 
 
-@needs_tokenizer
 def test_the_tokenizer_agrees_on_arbitrary_text(dense):
     hypothesis = pytest.importorskip("hypothesis")
     from hypothesis import strategies as st
 
     tokenizer, _ = load_tokenizer(load_model(dense.gguf("f32"), device="cpu", compile=False))
-    reference = Tokenizer.from_file(REAL_TOKENIZER)
+    reference = Tokenizer.from_file(QWEN_TOKENIZER)
 
     @hypothesis.settings(max_examples=300, deadline=None)
     @hypothesis.given(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=80))

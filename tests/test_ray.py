@@ -21,23 +21,43 @@ from summarize.cluster import pool as ray_pool
 from summarize.cluster import run as ray_batch
 from summarize.cluster import worker as ray_worker
 from test_batch import documents, temp_files
-from test_cli_signals import ROOT, STALLING_CHILD, child_env, wait_for
-from tiny_models import REAL_TOKENIZER, tiny_released_layout
+from test_cli_signals import ROOT, child_env, wait_for
+from tiny_models import tiny_released_layout
 
 ray = pytest.importorskip("ray")
+
+# The CLI in a child whose first write stalls at fsync (after touching `ready`) until a signal
+# ends it: the signal lands while a temporary file exists, however long it takes to arrive.
+WRITE_STALLING_CHILD = """
+import os, sys, time
+from pathlib import Path
+from summarize import cli
+
+ready = Path(sys.argv[1])
+
+def stalled_fsync(fd):
+    ready.touch()
+    while True:  # short sleeps: a signal that another thread received is raised here within one
+        time.sleep(0.1)
+
+os.fsync = stalled_fsync
+sys.argv = ["summarize", *sys.argv[2:]]
+cli.main()
+"""
 
 # The CLI in a child whose workers never finish a document; `ready` is touched when the first
 # document is sent, so that a signal lands while the driver waits on the cluster.
 BUSY_WORKERS_CHILD = """
-import sys, time
+import sys, threading
 from pathlib import Path
-from summarize import cli, ray_pool, ray_worker
+from summarize import cli
+from summarize.cluster import pool as ray_pool, worker as ray_worker
 
 ready = Path(sys.argv[1])
 
 class Busy(ray_worker.DocumentWorker):
     def summarize(self, data, source, label):
-        time.sleep(120)
+        threading.Event().wait()  # until the driver kills this worker
 
 real_submit = ray_pool.WorkerPool.submit
 
@@ -50,6 +70,9 @@ ray_pool.WorkerPool.submit = submit
 sys.argv = ["summarize", *sys.argv[2:]]
 cli.main()
 """
+
+# Only against a hang: under load, a child that starts Ray workers may take minutes to get there.
+HANG_SECONDS = 600
 
 THIRD = """Rivers carry sand and stones from the mountains to the sea. Where the water slows down, the
 sand settles and builds wide deltas. Farmers have grown rice on such land for thousands of years.
@@ -103,8 +126,6 @@ def test_a_bad_file_fails_alone_with_its_line_and_the_table_names_it(cluster, fo
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    if not REAL_TOKENIZER.is_file():
-        pytest.skip("needs ../shared/reference/qwen3.5/tokenizer.json")
     return tiny_released_layout(tmp_path_factory.mktemp("tiny-qwen3.5"))
 
 
@@ -222,13 +243,13 @@ def test_a_cluster_that_cannot_be_reached_is_one_line_and_exit_2(monkeypatch, fo
 def test_ctrl_c_while_writing_leaves_no_temporary_file_and_exits_130(cluster, folder: Path, tmp_path: Path):
     out, ready = tmp_path / "out", tmp_path / "ready"
     proc = subprocess.Popen(
-        [sys.executable, "-c", STALLING_CHILD, str(ready), str(folder), "-o", str(out), "--extractive",
+        [sys.executable, "-c", WRITE_STALLING_CHILD, str(ready), str(folder), "-o", str(out), "--extractive",
          "--ray", "auto"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=child_env() | {"RAY_ADDRESS": cluster}, cwd=ROOT)
-    wait_for(ready, proc, seconds=120)
-    assert temp_files(out)  # caught mid-write
+    wait_for(ready, proc, seconds=HANG_SECONDS)
+    assert temp_files(out), "the child's write stalled before its temporary file was made"  # caught mid-write
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
+    stdout, stderr = proc.communicate(timeout=HANG_SECONDS)
     assert proc.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1] == "error: interrupted"
     assert not temp_files(out)
@@ -244,9 +265,9 @@ def test_a_signal_while_the_workers_run_ends_them_and_writes_nothing(cluster, fo
         [sys.executable, "-c", BUSY_WORKERS_CHILD, str(ready), str(folder), "-o", str(out), "--extractive",
          "--ray", "auto"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=child_env() | {"RAY_ADDRESS": cluster}, cwd=ROOT)
-    wait_for(ready, proc, seconds=120)
+    wait_for(ready, proc, seconds=HANG_SECONDS)
     proc.send_signal(signum)
-    stdout, stderr = proc.communicate(timeout=120)
+    stdout, stderr = proc.communicate(timeout=HANG_SECONDS)
     assert proc.returncode == code, stderr
     assert stderr.strip().splitlines() == [f"error: {line}"]
     assert not out.exists()

@@ -18,13 +18,11 @@ from summarize.summarizers import model as model_summarizer
 from summarize.summarizers.model import ModelSummarizer
 from summarize.summarizers.read_cache import CACHE_FORMAT, NOTES, STATES, ReadCache, read_cache_for
 from summarize.summarizers.session import load_session
-from tiny_models import REAL_TOKENIZER, tiny_released_layout
+from tiny_models import QWEN_TOKENIZER, RELEASED_TOKENIZER, needs_released_tokenizer, tiny_released_layout
 
 SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "target-tier-policy.txt"
 TEXT = SAMPLE.read_text()[:5000]  # several chunks of 300 tokens
 GREEDY = dict(device="cpu", dtype="float32", temperature=0)
-
-needs_tokenizer = pytest.mark.skipif(not REAL_TOKENIZER.is_file(), reason="needs ../shared/reference/qwen3.5/tokenizer.json")
 
 
 @pytest.fixture(autouse=True)
@@ -36,7 +34,7 @@ def short_notes(monkeypatch):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    return tiny_released_layout(tmp_path_factory.mktemp("tiny-qwen3.5"))
+    return tiny_released_layout(tmp_path_factory.mktemp("tiny-qwen3.5"), tokenizer=RELEASED_TOKENIZER or QWEN_TOKENIZER)
 
 
 def run(model_dir: Path, text: str = TEXT, *, strategy: str = MAP_REDUCE, words: int = 20, focus: str | None = None, **settings):
@@ -70,7 +68,7 @@ def entries(folder: Path, kind: str) -> list[Path]:
 # -- map-reduce: the notes of each chunk --------------------------------------------------------
 
 
-@needs_tokenizer
+@needs_released_tokenizer
 def test_a_second_run_takes_every_chunks_notes_from_the_cache_whatever_its_length_and_focus(model_dir, read_cache_dir):
     first = run(model_dir)
     second = run(model_dir)
@@ -88,7 +86,7 @@ def test_a_second_run_takes_every_chunks_notes_from_the_cache_whatever_its_lengt
     assert other.progress.counters["cached_chunks"] == chunks and other.notes == first.notes
 
 
-@needs_tokenizer
+@needs_released_tokenizer
 def test_notes_merged_in_groups_are_kept_too_so_a_second_run_decodes_only_its_summary(model_dir, monkeypatch, read_cache_dir):
     monkeypatch.setattr(model_summarizer, "NOTES_WORDS", 40)  # notes that outgrow one window: merged in groups
     text = SAMPLE.read_text()[:9000]
@@ -100,7 +98,6 @@ def test_notes_merged_in_groups_are_kept_too_so_a_second_run_decodes_only_its_su
     assert second.decodes == 1 and len(entries(read_cache_dir, NOTES)) == len(first.chunks) + merges
 
 
-@needs_tokenizer
 def test_a_changed_chunk_is_read_again_and_the_others_come_from_the_cache(model_dir):
     first = run(model_dir)
     last = first.chunks[-1].text
@@ -113,7 +110,6 @@ def test_a_changed_chunk_is_read_again_and_the_others_come_from_the_cache(model_
     assert {i: n for i, n in second.chunk_notes.items() if i != last} == {i: n for i, n in first.chunk_notes.items() if i != last}
 
 
-@needs_tokenizer
 def test_a_setting_that_changes_the_notes_misses(model_dir):
     run(model_dir)
     for setting in (dict(temperature=0.7, seed=1), dict(dtype="bfloat16"), dict(quantize="int8")):
@@ -124,7 +120,7 @@ def test_a_setting_that_changes_the_notes_misses(model_dir):
     assert run(model_dir).progress.counters["cached_chunks"] == 0
 
 
-@needs_tokenizer
+@needs_released_tokenizer
 def test_corrupt_truncated_and_foreign_entries_are_ignored_and_written_again(model_dir, read_cache_dir):
     first = run(model_dir)
     files = entries(read_cache_dir, NOTES)
@@ -142,7 +138,6 @@ def test_corrupt_truncated_and_foreign_entries_are_ignored_and_written_again(mod
 # -- stream: the state after the document -------------------------------------------------------
 
 
-@needs_tokenizer
 def test_the_state_after_the_document_comes_back_to_the_same_summary(model_dir, read_cache_dir):
     plain = run(model_dir, strategy=STREAM, cache=False)
     first = run(model_dir, strategy=STREAM)
@@ -170,7 +165,7 @@ def summarize_json(run_cli, *args: str) -> dict:
     return json.loads(result.stdout)
 
 
-@needs_tokenizer
+@needs_released_tokenizer
 def test_the_command_line_reports_cached_chunks_and_no_cache_writes_nothing(model_dir, read_cache_dir, tmp_path, run_cli):
     doc = tmp_path / "doc.txt"
     doc.write_text(TEXT)
@@ -183,7 +178,6 @@ def test_the_command_line_reports_cached_chunks_and_no_cache_writes_nothing(mode
     assert summarize_json(run_cli, *args, "-n", "10")["cached_chunks"] == chunks
 
 
-@needs_tokenizer
 def test_a_cache_dir_that_cannot_be_written_is_said_once(model_dir, tmp_path, run_cli):
     doc = tmp_path / "doc.txt"
     doc.write_text(TEXT[:2000])  # two chunks: notes to keep

@@ -1,8 +1,8 @@
-"""Tokenizer, chat markup, stop ids and streaming detokenization (real Qwen3.5 tokenizer)."""
+"""Tokenizer, chat markup, stop ids and streaming detokenization (the Qwen3.5 tokenizer: its special
+tokens, markup and ids, cut down to the tests' words; see qwen_tokenizer.py)."""
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken
 
+import qwen_tokenizer
 from summarize.engine.tokenizers.tokenizer import (
     IncrementalDetokenizer,
     Tokenizer,
@@ -23,29 +24,14 @@ from summarize.engine.tokenizers.tokenizer import (
 )
 from summarize.errors import SummarizeError
 
-REPO = Path(__file__).resolve().parents[1]
-TOKENIZER_CANDIDATES = [
-    REPO / "tests" / "data" / "qwen3.5-tokenizer.json",
-    REPO / "tests" / "data" / "qwen3.5-tokenizer.json.gz",
-    # CI: a fresh clone with shared/ as a sibling of the repository.
-    REPO.parent / "shared" / "reference" / "qwen3.5" / "tokenizer.json",
-]
-
 README_EXAMPLE = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 README_IDS = [248045, 846, 198, 5834, 248046, 198, 248045, 74455, 198, 248068, 271, 248069, 271]
 IM_START, IM_END, ENDOFTEXT, THINK = 248045, 248046, 248044, 248068
 
 
 @pytest.fixture(scope="module")
-def tokenizer_json(tmp_path_factory) -> Path:
-    for path in TOKENIZER_CANDIDATES:
-        if path.is_file():
-            if path.suffix == ".gz":
-                out = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-                out.write_bytes(gzip.decompress(path.read_bytes()))
-                return out
-            return path
-    pytest.skip("Qwen3.5 tokenizer.json not found (tests/data or ../shared/reference/qwen3.5)")
+def tokenizer_json() -> Path:
+    return qwen_tokenizer.tokenizer_json()
 
 
 @pytest.fixture(scope="module")

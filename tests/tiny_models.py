@@ -10,9 +10,16 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
-REAL_TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "reference" / "qwen3.5" / "tokenizer.json"
+from qwen_tokenizer import RELEASED_ENV, released_tokenizer_json, tokenizer_json
+
+QWEN_TOKENIZER = tokenizer_json()  # the released ids for every text of the tests (qwen_tokenizer.py)
+RELEASED_TOKENIZER = released_tokenizer_json()  # None in a fresh clone
+# for tests that count what a random model's text becomes: the small tokenizer's placeholders change it
+needs_released_tokenizer = pytest.mark.skipif(RELEASED_TOKENIZER is None, reason=(
+    f"needs the released Qwen3.5 tokenizer (counts a random model's text in its words): set {RELEASED_ENV}=PATH/tokenizer.json"))
 
 TEXT_CONFIG = dict(
     vocab_size=384,
@@ -86,8 +93,8 @@ def moe_reference(**overrides):
     return model
 
 
-def save_checkpoint(model, folder: Path, *, tokenizer: bool = False, mtp_tensors: bool = False) -> Path:
-    """save_pretrained, optionally with the real tokenizer and extra MTP tensors as released files have."""
+def save_checkpoint(model, folder: Path, *, tokenizer: bool | Path = False, mtp_tensors: bool = False) -> Path:
+    """save_pretrained, optionally with the Qwen3.5 tokenizer and extra MTP tensors as released files have."""
     model.save_pretrained(folder, safe_serialization=True)
     if mtp_tensors:
         from safetensors.torch import save_file
@@ -96,7 +103,7 @@ def save_checkpoint(model, folder: Path, *, tokenizer: bool = False, mtp_tensors
         save_file({"mtp.fc.weight": torch.randn(hidden, 2 * hidden), "mtp.norm.weight": torch.randn(hidden)},
                   str(folder / "model-mtp.safetensors"))
     if tokenizer:
-        shutil.copy(REAL_TOKENIZER, folder / "tokenizer.json")
+        shutil.copy(QWEN_TOKENIZER if tokenizer is True else tokenizer, folder / "tokenizer.json")
         (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [248046, 248044]}))
     return folder
 
@@ -124,8 +131,8 @@ def mtp_reference(model, seed: int = 1):
     return head, {f"mtp.{name}": tensor.contiguous() for name, tensor in head.state_dict().items()}
 
 
-def tiny_released_layout(folder: Path, *, mtp_head: bool = False) -> Path:
-    """A tiny random model laid out like the released small checkpoints, with the real tokenizer;
+def tiny_released_layout(folder: Path, *, mtp_head: bool = False, tokenizer: Path = QWEN_TOKENIZER) -> Path:
+    """A tiny random model laid out like the released small checkpoints, with the Qwen3.5 tokenizer;
     with `mtp_head`, a whole multi-token-prediction head (else a stray part of one)."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
@@ -134,7 +141,7 @@ def tiny_released_layout(folder: Path, *, mtp_head: bool = False) -> Path:
     config = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=True)
     model = Qwen3_5ForConditionalGeneration(config).float().eval()
     randomize(model)
-    save_checkpoint(model, folder, tokenizer=True, mtp_tensors=not mtp_head)
+    save_checkpoint(model, folder, tokenizer=tokenizer, mtp_tensors=not mtp_head)
     if mtp_head:
         from safetensors.torch import save_file
 
