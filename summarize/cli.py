@@ -38,8 +38,12 @@ from summarize.settings import (
     DEFAULT_MAX_INPUT_SIZE,
     DEFAULT_MODEL,
     DEFAULT_OVERLAP,
+    DEFAULT_SEED,
     DEFAULT_SPECULATE,
     DEFAULT_STRATEGY,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_P,
     DEFAULT_WORDS,
     DRAFT_SOURCES,
     MAX_CHUNK_TOKENS,
@@ -227,17 +231,17 @@ def summarize(
         rich_help_panel="Output")] = None,
     temperature: Annotated[float | None, typer.Option(
         callback=_finite_nonnegative, show_default=False,
-        help="Sampling temperature, a finite number >= 0; 0 decodes greedily.",
+        help=f"Sampling temperature, a finite number >= 0; 0 decodes greedily (default {DEFAULT_TEMPERATURE}).",
         rich_help_panel="Sampling")] = None,
     top_k: Annotated[int | None, typer.Option(
-        "--top-k", min=1, show_default=False, help="Sample among the k likeliest tokens.",
+        "--top-k", min=1, show_default=False, help=f"Sample among the k likeliest tokens (default {DEFAULT_TOP_K}).",
         rich_help_panel="Sampling")] = None,
     top_p: Annotated[float | None, typer.Option(
         "--top-p", callback=_probability, show_default=False,
-        help="Sample from the smallest token set with this much probability.",
+        help=f"Sample from the smallest token set with this much probability (default {DEFAULT_TOP_P}).",
         rich_help_panel="Sampling")] = None,
     seed: Annotated[int | None, typer.Option(
-        min=0, max=MAX_SEED, show_default=False, help="Random seed, for repeatable sampling.",
+        min=0, max=MAX_SEED, show_default=False, help=f"Random seed, for repeatable sampling (default {DEFAULT_SEED}).",
         rich_help_panel="Sampling")] = None,
     speculate: Annotated[int, typer.Option(
         min=0, max=MAX_SPECULATE, envvar="SUMMARIZE_SPECULATE",

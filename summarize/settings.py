@@ -48,6 +48,10 @@ DEFAULT_BATCH_MEMORY = 2**30
 # after a document ~70 MB (0.8B model, stream mode); the least recently used go first.
 DEFAULT_CACHE_SIZE = 4 * 2**30
 
+# Sampling when not told (Qwen3.5's recommended non-thinking settings); --temperature 0 is greedy.
+DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, DEFAULT_SEED = 0.7, 20, 0.8, 0
+DEFAULT_PRESENCE_PENALTY = 1.5
+
 DEFAULT_CHUNK_TOKENS = 1536
 DEFAULT_OVERLAP = 128
 MIN_CHUNK_TOKENS, MAX_CHUNK_TOKENS = 64, 32768

@@ -69,6 +69,16 @@ def test_the_cli_defaults_agree_with_the_model_summarizer():
         DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP)
 
 
+
+def test_help_shows_the_sampling_defaults_the_model_samples_with(run_cli):
+    from summarize.summarizers.session import DEFAULT_SAMPLING
+
+    shown = " ".join(run_cli("--help", env={"COLUMNS": "200"}).stdout.split())
+    for option, default in (("--temperature", DEFAULT_SAMPLING.temperature), ("--top-k", DEFAULT_SAMPLING.top_k),
+                            ("--top-p", DEFAULT_SAMPLING.top_p), ("--seed", DEFAULT_SAMPLING.seed)):
+        assert option in shown
+        assert f"(default {default})" in shown.split(option, 1)[1].split("--", 1)[0], option
+
 # --- the batch memory ----------------------------------------------------------------------
 
 

@@ -15,11 +15,12 @@ from summarize.engine.generation.mtp_drafts import HeadCache
 from summarize.engine.generation.sequences import Sequences
 from summarize.engine.tokenizers.tokenizer import Tokenizer
 from summarize.errors import SummarizeError
-from summarize.settings import Settings
+from summarize.settings import DEFAULT_PRESENCE_PENALTY, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, Settings
 
 # Qwen's recommendation for non-thinking use; the penalty keeps a small model from looping.
 # A fixed default seed makes a run repeatable; --seed changes it.
-DEFAULT_SAMPLING = SamplingParams(temperature=0.7, top_k=20, top_p=0.8, presence_penalty=1.5, seed=0)
+DEFAULT_SAMPLING = SamplingParams(temperature=DEFAULT_TEMPERATURE, top_k=DEFAULT_TOP_K, top_p=DEFAULT_TOP_P,
+                                  presence_penalty=DEFAULT_PRESENCE_PENALTY, seed=DEFAULT_SEED)
 
 
 @dataclass
