@@ -15,19 +15,39 @@ ADDRESS_SPACE = 2 << 30  # bytes: the extractive path needs far less; a whole 20
 PEAK_RSS = 400 << 20  # bytes: a plain run on a small file stays well under this
 
 
+# The child reports its own peak (VmHWM of its own address space) when it exits: the peak that
+# wait4 gives a forked child also counts the parent's memory at the fork (Linux carries the old
+# address space's high-water mark across exec), and a pytest process that has run the model tests
+# holds a gigabyte.
+REPORTING_CHILD = """
+import atexit, os, runpy, sys
+
+def report():
+    with open("/proc/self/status") as status:
+        peak_kb = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    with open(os.environ["PEAK_RSS_FILE"], "w") as out:
+        out.write(str(peak_kb * 1024))
+
+atexit.register(report)
+sys.argv[0] = "summarize"
+runpy.run_module("summarize", run_name="__main__")
+"""
+
+
 def _limited(*args: str, stdin=subprocess.DEVNULL, cwd: Path) -> tuple[int, str, int]:
     """summarize's exit code, stderr and peak RSS in bytes, run under ADDRESS_SPACE."""
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
 
-    proc = subprocess.Popen([sys.executable, "-m", "summarize", *args], stdin=stdin, stdout=subprocess.DEVNULL,
+    peak_file = cwd / "peak-rss"
+    proc = subprocess.Popen([sys.executable, "-c", REPORTING_CHILD, *args], stdin=stdin, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, preexec_fn=limit, cwd=cwd,
-                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PEAK_RSS_FILE": str(peak_file)})
     stderr = proc.stderr.read().decode()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, stderr, usage.ru_maxrss * 1024
+    proc.wait()
+    assert peak_file.is_file(), f"the child did not report its peak (exit {proc.returncode}): {stderr}"
+    return proc.returncode, stderr, int(peak_file.read_text())
 
 
 def _sparse(path: Path, size: int) -> Path:
