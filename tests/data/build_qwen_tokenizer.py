@@ -1,8 +1,8 @@
 """Rebuild `qwen3.5-tokenizer-small.json.gz` from the released Qwen3.5 tokenizer.json:
 python tests/data/build_qwen_tokenizer.py PATH/TO/tokenizer.json
 
-The small file is the real one cut down to the tokens that the repository's texts (the tests'
-string literals, samples/, the docs) are made of: the same normalizer, pre-tokenizer, decoder,
+The small file is the real one cut down to the tokens that the repository's texts (the string
+literals of the tests and of the package, its prompts among them; samples/; the docs) are made of: the same normalizer, pre-tokenizer, decoder,
 special tokens and ids, and the same ids for every word of those texts. `tests/qwen_tokenizer.py`
 fills the ids left out, so that the vocabulary has the real size.
 """
@@ -35,7 +35,7 @@ LLAMA_CPP_CHECK_TEXT = (
 def repository_texts() -> list[str]:
     texts = [p.read_text(encoding="utf-8") for p in [*REPO.glob("samples/*.txt"), *REPO.glob("samples/*.md"),
                                                       *REPO.glob("docs/*.md"), REPO / "README.md"]]
-    for source in (REPO / "tests").rglob("*.py"):
+    for source in [*(REPO / "tests").rglob("*.py"), *(REPO / "summarize").rglob("*.py")]:  # prompts are literals
         tree = ast.parse(source.read_text(encoding="utf-8"))
         texts += [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)]
     return [LLAMA_CPP_CHECK_TEXT, *(text for text in texts if _utf8(text))]
