@@ -143,8 +143,8 @@ class ModelSummarizer:
         in its place as the exception.
 
         In map-reduce the documents go through each stage together: the instruction prefix is
-        prefilled once for all of them, their chunks' notes are decoded in shared batches, and so
-        are their final summaries. Stream reads one document after another.
+        prefilled once for all of them of one notes budget, their chunks' notes are decoded in
+        shared batches, and so are their final summaries. Stream reads one document after another.
         """
         docs: list[_Document | Exception] = []
         for text, name in documents:
