@@ -13,7 +13,7 @@ from summarize.settings import DEFAULT_BATCH_MEMORY
 
 MAX_MAP_BATCH = 8  # more rows than this gain little more tokens/s
 PROMPT_TOKENS = 256  # the instruction and question around a chunk
-NOTES_TOKENS = 160  # the notes a row writes (NOTES_WORDS at the summarizer's tokens per word, rounded up)
+NOTES_TOKENS = 160  # the most notes a row writes (the largest band, NOTES_WORDS, at the summarizer's tokens per word, rounded up)
 
 
 def map_batch_size(source, chunk_tokens: int, budget: int = DEFAULT_BATCH_MEMORY) -> int:

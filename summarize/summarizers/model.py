@@ -4,6 +4,7 @@ The two strategies, map-reduce and stream, are told in `ModelSummarizer`.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,7 +32,11 @@ from summarize.summarizers.prompts import (
 from summarize.summarizers.read_cache import ReadCache
 from summarize.summarizers.session import ModelSession
 
-NOTES_WORDS = 80  # notes per chunk in map-reduce
+NOTES_WORDS = 80  # the most words of notes per chunk in map-reduce
+# The notes' word budgets per chunk: nearby -n fall in one band, and so share their cached notes.
+# Below the smallest, a chunk's names and numbers would not fit whatever the summary's length.
+NOTES_BANDS = (24, 32, 48, 64, NOTES_WORDS)
+NOTES_SHARE = 2  # a document's notes hold about twice the words its summary keeps: the summary still chooses
 # Where a document's seconds go (--json `phase_seconds`): reading (prefill), writing chunks' notes,
 # writing the summary (merging notes included). A batch shared by documents counts for each.
 PHASES = ("prefill", "notes", "summary")
@@ -41,6 +46,13 @@ RESTATE_LIMIT = 2  # how often the final summary is asked for again when the fir
 # A summary is at most as long as what it is written from (the document, or its notes), but never
 # asked shorter than this: a document of a few words still gets a sentence.
 MIN_SUMMARY_WORDS = 20
+
+
+def notes_words(words: int, chunks: int) -> int:
+    """Words of notes per chunk for a summary of `words` words from `chunks` chunks: the smallest
+    band that gives the notes together NOTES_SHARE times the summary's words, at most NOTES_WORDS."""
+    wanted = math.ceil(NOTES_SHARE * words / chunks)
+    return min(NOTES_WORDS, next((band for band in NOTES_BANDS if band >= wanted), NOTES_BANDS[-1]))
 
 
 def token_budget(words: int) -> int:
@@ -61,6 +73,7 @@ class _Document:
     chunk_notes: dict[int, str] = field(default_factory=dict)  # each chunk's notes, "" where unusable
     summary: str = ""
     words: int = 0  # the summary's word budget: -n, capped by what it is written from
+    notes_words: int = NOTES_WORDS  # each chunk's notes' word budget in map-reduce (`notes_words`)
 
 
 class ModelSummarizer:
@@ -130,8 +143,8 @@ class ModelSummarizer:
         in its place as the exception.
 
         In map-reduce the documents go through each stage together: the instruction prefix is
-        prefilled once for all of them, their chunks' notes are decoded in shared batches, and so
-        are their final summaries. Stream reads one document after another.
+        prefilled once for all of them of one notes budget, their chunks' notes are decoded in
+        shared batches, and so are their final summaries. Stream reads one document after another.
         """
         docs: list[_Document | Exception] = []
         for text, name in documents:
@@ -174,7 +187,7 @@ class ModelSummarizer:
                     "cached_chunks": 0}
         counters |= {f"{phase}_s": 0.0 for phase in PHASES}
         progress = ModelProgress(input=name, chunks=len(chunks), counters=counters)
-        return _Document(name, text, chunks, progress, time.perf_counter())
+        return _Document(name, text, chunks, progress, time.perf_counter(), notes_words=notes_words(self.words, len(chunks)))
 
     def _summary(self, doc: _Document) -> Summary:
         counters = doc.progress.counters
@@ -212,14 +225,25 @@ class ModelSummarizer:
 
     def _write_notes(self, docs: list[_Document]) -> None:
         """Notes on every chunk of `docs`: each chunk read alone from the prefix snapshot, the notes
-        decoded in batches that may span documents; notes kept in the cache are taken from it."""
+        decoded in batches that may span documents of one notes budget (its prefix is prefilled
+        once); notes kept in the cache are taken from it."""
+        bands: dict[int, list[_Document]] = {}
+        for doc in docs:
+            bands.setdefault(doc.notes_words, []).append(doc)
+        for words, band in bands.items():
+            self._write_band_notes(band, words)
+        for doc in docs:
+            doc.notes = [note for _, note in sorted(doc.chunk_notes.items()) if note]
+
+    def _write_band_notes(self, docs: list[_Document], words: int) -> None:
+        """Notes of about `words` words on every chunk of `docs`."""
         tok = self.s.tokenizer
-        prefix = tok.chat_prefix_ids(None, MAP_INSTRUCTION.format(words=NOTES_WORDS))
+        prefix = tok.chat_prefix_ids(None, MAP_INSTRUCTION.format(words=words))
         rows = []  # (document, chunk, prompt, cache key) of each chunk to read
         for doc in docs:
             for chunk in doc.chunks:
                 prompt = tok.chat_suffix_ids(chunk.text, MAP_QUESTION)
-                key = None if self.cache is None else self.cache.notes_key(prefix + prompt, self.s.sampling, token_budget(NOTES_WORDS))
+                key = None if self.cache is None else self.cache.notes_key(prefix + prompt, self.s.sampling, token_budget(words))
                 cached = None if key is None else self.cache.notes(key)
                 if cached is None:
                     rows.append((doc, chunk, prompt, key))
@@ -229,17 +253,15 @@ class ModelSummarizer:
             if doc.progress.counters["cached_chunks"]:
                 self.notify(f"{doc.name}: notes of {doc.progress.counters['cached_chunks']} of {len(doc.chunks)} chunks from the cache")
         if rows:
-            self._read_chunks(rows, prefix)
-        for doc in docs:
-            doc.notes = [note for _, note in sorted(doc.chunk_notes.items()) if note]
+            self._read_chunks(rows, prefix, words)
 
-    def _read_chunks(self, rows: list, prefix: list[int]) -> None:
-        """Read each (document, chunk, prompt, cache key) of `rows` and write its notes."""
+    def _read_chunks(self, rows: list, prefix: list[int], words: int) -> None:
+        """Read each (document, chunk, prompt, cache key) of `rows` and write its notes of about `words` words."""
         self.progress = rows[0][0].progress
         prefix_state = self.s.new_state(1)
         self._phase(None, "prefix")
         self._prefill(prefix, prefix_state)
-        self.progress.counters["prefix_prefills"] += 1  # the same instruction serves every document
+        self.progress.counters["prefix_prefills"] += 1  # the same instruction serves every document of the band
         snapshot = prefix_state.snapshot()
         for start in range(0, len(rows), self.map_batch):
             group = rows[start : start + self.map_batch]
@@ -257,7 +279,7 @@ class ModelSummarizer:
             # ...and their notes are written together: decoding is memory-bound, a batch costs
             # about what one sequence does
             named = [(doc, chunk.index) for doc, chunk, _, _ in group]
-            generations = self._generate(states, NOTES_WORDS, prompts, named, phase="notes")
+            generations = self._generate(states, words, prompts, named, phase="notes")
             for (doc, chunk, _, key), generation in zip(group, generations):
                 doc.chunk_notes[chunk.index] = clean_output(generation.text)
                 if key is not None:  # kept as written, unusable ones too: they would be again
@@ -274,7 +296,7 @@ class ModelSummarizer:
                 self._cap_words(doc, doc.chunks[0].text, "the document has")
                 text = SINGLE_INSTRUCTION.format(words=doc.words, focus=self.focus) + doc.chunks[0].text
             elif doc.notes:
-                notes = "\n\n".join(self._merge(doc.notes))
+                notes = "\n\n".join(self._merge(doc.notes, doc.notes_words * 2))
                 self._cap_words(doc, notes, "its notes have")
                 text = REDUCE_PROMPT.format(words=doc.words, focus=self.focus, notes=notes)
             else:  # no chunk gave usable notes: nothing to summarize from (the fallback takes over)
@@ -304,8 +326,8 @@ class ModelSummarizer:
         if doc.words < self.words:
             self.notify(f"{doc.name}: {has} {available} words; asking for at most {doc.words}")
 
-    def _merge(self, notes: list[str]) -> list[str]:
-        """Notes that do not fit one window are merged in groups until they do."""
+    def _merge(self, notes: list[str], words: int) -> list[str]:
+        """Notes that do not fit one window are merged in groups, of about `words` words each, until they do."""
         tok = self.s.tokenizer
         while len(notes) > 1 and tok.count("\n\n".join(notes)) > self.chunk_tokens:
             groups, group = [], []
@@ -319,15 +341,15 @@ class ModelSummarizer:
                 return notes[:1]
             merged = []
             for group in groups:  # -n and --focus are not in a merge: it is kept as chunks' notes are
-                prompt = tok.chat_prompt_ids(REDUCE_PROMPT.format(words=NOTES_WORDS * 2, focus="", notes="\n\n".join(group)))
-                key = None if self.cache is None else self.cache.notes_key(prompt, self.s.sampling, token_budget(NOTES_WORDS * 2))
+                prompt = tok.chat_prompt_ids(REDUCE_PROMPT.format(words=words, focus="", notes="\n\n".join(group)))
+                key = None if self.cache is None else self.cache.notes_key(prompt, self.s.sampling, token_budget(words))
                 note = None if key is None else self.cache.notes(key)
                 if note is None:
                     self._phase(None, "merge")
                     state = self.s.new_state(1)
                     self._prefill(prompt, state)
                     self._phase(None, "decode")
-                    note = clean_output(self._generate([state], NOTES_WORDS * 2, [prompt])[0].text)
+                    note = clean_output(self._generate([state], words, [prompt])[0].text)
                     if key is not None:
                         self.cache.keep_notes(key, note)
                 merged.append(note)
