@@ -1,5 +1,6 @@
 """What the model has read, kept on disk by content: a second run on the same document redoes only
-what changed (another -n or --focus: only the reduce step; a PDF with one new page: its chunks).
+what changed (--focus, or an -n whose notes budget falls in the same band: only the reduce step; a
+PDF with one new page: its chunks).
 
 Two kinds of entry, each a file named by its key:
 - `notes/<key>.json`: a chunk's notes in map-reduce, `{"format", "key", "notes"}`.
