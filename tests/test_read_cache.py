@@ -244,3 +244,17 @@ def test_greedy_notes_do_not_depend_on_the_seed_or_the_filters(tmp_path):
     sampled = {cache.notes_key([1, 2], SamplingParams(temperature=0.7, seed=seed), 144) for seed in (1, 2)}
     assert len(sampled) == 2 and greedy not in sampled
     assert cache.notes_key([1, 3], SamplingParams(), 144) != cache.notes_key([1, 2], SamplingParams(), 144)
+
+
+def test_a_diagnostics_file_after_cached_chunks_says_they_have_no_rows(model_dir, read_cache_dir, tmp_path, run_cli):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(TEXT)
+    diagnostics = tmp_path / "d.jsonl"
+    args = [str(doc), "-m", str(model_dir), "--chunk-tokens", "300", "--overlap", "32", "-n", "20", "--diagnostics-file", str(diagnostics)]
+    first = run_cli(*args)
+    assert first.exit_code == 0, first.stderr
+    assert "has no rows" not in first.stderr
+    second = run_cli(*args)
+    assert second.exit_code == 0, second.stderr
+    assert "from the cache (not read again, so the diagnostics file has no rows for them" in second.stderr
+    assert "has no rows" not in run_cli(*args[:-2]).stderr  # said only where a file is written

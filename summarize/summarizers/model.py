@@ -251,7 +251,8 @@ class ModelSummarizer:
                     doc.chunk_notes[chunk.index] = cached
                     doc.progress.counters["cached_chunks"] += 1
             if doc.progress.counters["cached_chunks"]:
-                self.notify(f"{doc.name}: notes of {doc.progress.counters['cached_chunks']} of {len(doc.chunks)} chunks from the cache")
+                self.notify(f"{doc.name}: notes of {doc.progress.counters['cached_chunks']} of {len(doc.chunks)} chunks from the cache"
+                            + self._unread_in_diagnostics())
         if rows:
             self._read_chunks(rows, prefix, words)
 
@@ -368,7 +369,7 @@ class ModelSummarizer:
         state = self.s.new_state(1)
         if key is not None and self.cache.load_state(key, state):
             self.progress.counters["cached_chunks"] += len(doc.chunks)
-            self.notify(f"{doc.name}: the state after the document from the cache")
+            self.notify(f"{doc.name}: the state after the document from the cache" + self._unread_in_diagnostics())
         else:
             self._read_document(doc, prefix, pieces, state)
             if key is not None:
@@ -458,6 +459,13 @@ class ModelSummarizer:
         for counter in {id(c): c for c in counters}.values():  # a document with many rows counts the batch once
             counter[f"{phase}_s"] += time.perf_counter() - started
         return results
+
+    def _unread_in_diagnostics(self) -> str:
+        """What a note on cached chunks adds when a diagnostics file is written: those chunks are
+        not read, so the file has no prefill rows for them."""
+        if self.diagnostics is None:
+            return ""
+        return " (not read again, so the diagnostics file has no rows for them; --no-cache reads them)"
 
     def _phase(self, chunk: int | None, phase: str) -> None:
         self.progress.chunk, self.progress.phase = chunk, phase
