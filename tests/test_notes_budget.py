@@ -16,12 +16,11 @@ from summarize.summarizers.map_rows import NOTES_TOKENS
 from summarize.summarizers.model import NOTES_BANDS, NOTES_SHARE, NOTES_WORDS, ModelSummarizer, notes_words, token_budget
 from summarize.summarizers.read_cache import read_cache_for
 from summarize.summarizers.session import load_session
-from tiny_models import REAL_TOKENIZER, tiny_released_layout
+from tiny_models import tiny_released_layout
 
 TEXT = (Path(__file__).resolve().parents[1] / "samples" / "target-tier-policy.txt").read_text()
 GREEDY = dict(device="cpu", dtype="float32", temperature=0)
 
-needs_tokenizer = pytest.mark.skipif(not REAL_TOKENIZER.is_file(), reason="needs ../shared/reference/qwen3.5/tokenizer.json")
 
 
 # -- the rule ------------------------------------------------------------------------------------
@@ -104,7 +103,6 @@ def decodes(summarizer: ModelSummarizer, monkeypatch) -> list[tuple[str, int, in
     return calls
 
 
-@needs_tokenizer
 def test_a_shorter_summary_decodes_shorter_notes(model_dir, monkeypatch):
     text = TEXT[:5000]
     tokens = {}
@@ -123,7 +121,6 @@ def test_a_shorter_summary_decodes_shorter_notes(model_dir, monkeypatch):
     assert tokens[40] < tokens[300] <= chunks * token_budget(NOTES_WORDS)  # never more than 80 words a chunk asked
 
 
-@needs_tokenizer
 def test_the_notes_prefix_is_prefilled_once_per_band(model_dir, monkeypatch):
     summarizer = summarizer_for(model_dir, 40)
     calls = decodes(summarizer, monkeypatch)
@@ -142,7 +139,6 @@ def test_the_notes_prefix_is_prefilled_once_per_band(model_dir, monkeypatch):
     assert {budget for phase, budget, _ in calls if phase == "notes"} == {token_budget(band) for band in bands}
 
 
-@needs_tokenizer
 def test_a_nearby_n_takes_every_chunks_notes_from_the_cache_and_a_far_one_reads_again(model_dir):
     text = TEXT[:5000]
     first = summarizer_for(model_dir, 40, cache=True).summarize_documents([(text, "doc")])[0]
@@ -155,7 +151,6 @@ def test_a_nearby_n_takes_every_chunks_notes_from_the_cache_and_a_far_one_reads_
     assert far.progress.counters["cached_chunks"] == 0 and far.progress.counters["prefix_prefills"] == 1
 
 
-@needs_tokenizer
 def test_stream_decodes_only_its_summary(model_dir, monkeypatch):
     summarizer = summarizer_for(model_dir, 30, strategy=STREAM)
     calls = decodes(summarizer, monkeypatch)
