@@ -151,3 +151,15 @@ def run_cli():
         return CliRunner().invoke(cli.app, list(args), input=input, env=env)
 
     return run
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch on one thread for a module's tests (tiny models gain nothing from more, and threads
+    waiting on a busy machine slow them), restored after."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -97,12 +97,7 @@ def test_every_registered_family_has_a_tiny_model():
     assert sorted(TINY) == sorted(FAMILY_NAMES)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module", params=FAMILY_NAMES)

@@ -50,12 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 248320  # the converter writes the real tokenizer, so the models have its vocabulary
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # -- the checkpoints and their GGUF files ------------------------------------------------------------

@@ -59,12 +59,7 @@ SHAPES = {"heads-of-32": RWKV6_TINY, "heads-of-16": RWKV6_TINY_SMALL_HEADS}
 MOBIUS_TOKENS = {65530: b"<|im_start|>", 65531: b"<|im_end|>", 65532: b"<|endoftext|>"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def random_ids(batch: int, length: int, seed: int = 0, vocab: int = VOCAB) -> torch.Tensor:
