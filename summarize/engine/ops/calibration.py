@@ -92,15 +92,18 @@ def calibrate_model(model, dtype: torch.dtype, announce: Callable[[str | None], 
     key = table_key(shapes, dtype)
     table = read_table(key)
     if table is None:
-        if announce is not None:
-            announce("timing this CPU's kernels for the model (once)")
+        # a bf16 model times nothing (no field decides its products): nothing to announce
+        announcing = announce is not None and any(form != "bfloat16" for form, _, _ in shapes)
+        if announcing:
+            announce(f"timing this CPU's kernels for the model (once per machine; {ENV}=0 skips it)")
         try:
             table = calibrate(shapes, dtype)
         finally:
-            if announce is not None:
+            if announcing:
                 announce(None)
         save_table(key, table)
-        if table.races or not table.complete:  # a model with no form the policy decides (bf16) times nothing
+        # said here only where no UI hears it: the UI's note says it with its seconds
+        if not announcing and (table.races or not table.complete):
             print(f"summarize: timed this CPU's kernels for this model in {table.seconds:.1f} s (once per machine, "
                   f"at most {BUDGET_SECONDS:.0f} s; {ENV}=0 skips it)", file=sys.stderr)
     machine.POLICY = replace(machine.POLICY, **table.fields)
