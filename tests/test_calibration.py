@@ -88,6 +88,24 @@ def test_a_kernel_for_few_rows_takes_the_rows_it_wins_from_one(form, dtype, winn
     assert table.fields == {field: up_to}
 
 
+@pytest.mark.parametrize("up_to", [0, 1, 4, 16])
+def test_compiled_steps_stream_the_rows_the_streamed_loop_wins(up_to):
+    """Where the steps will be compiled, the compiled streamed loop races torch's GEMM at a few rows,
+    on one shape: each row count it tries is a compile."""
+    timer = faster("streamed loop, compiled", range(1, up_to + 1))
+    table = calibrate(shapes("float32"), torch.float32, timer=timer, compiles=True)
+    assert table.fields["streamed_fp32_max_rows"] == up_to and table.complete
+    streamed = [race for race in table.races if race["decision"] == "fp32 streamed"]
+    assert streamed and {race["rows"] for race in streamed} <= set(calibration.STREAMED_ROW_COUNTS)
+    assert len(streamed) <= 4  # a bisection over the row counts, not all of them
+
+
+def test_eager_steps_never_time_the_streamed_loop():
+    table = calibrate(shapes("float32"), torch.float32, timer=faster("W @ xᵀ", range(4, 17)))
+    assert "streamed_fp32_max_rows" not in table.fields
+    assert all(race["decision"] != "fp32 streamed" for race in table.races)
+
+
 def test_the_fastest_int8_widening_block_is_the_one_taken():
     table = calibrate(shapes("int8"), torch.float32, timer=faster("widen 1024 rows at a time", range(1, 1000)))
     assert table.fields == {"widen_block_rows": 1024}
@@ -129,6 +147,21 @@ def test_every_policy_it_picks_computes_the_product(form, dtype, winner, rows_wo
         want = F.linear(x.float(), weight)
         got = projection(x)
         assert got.dtype == dtype and (got.float() - want).abs().max() <= tolerance * want.abs().max(), rows
+
+
+def test_a_compiled_step_under_the_streaming_policy_computes_the_product(monkeypatch):
+    """Either side of the streamed loop's last row count, inside a compiled step."""
+    table = calibrate(shapes("float32"), torch.float32, timer=faster("streamed loop, compiled", range(1, 7)), compiles=True)
+    assert table.fields["streamed_fp32_max_rows"] == 6
+    monkeypatch.setattr(machine, "POLICY", replace(machine.POLICY, **table.fields))
+    torch._dynamo.reset()  # graphs built under another policy
+    gen = torch.Generator().manual_seed(0)
+    projection = Projection(torch.randn(N, K, generator=gen))
+    step = torch.compile(projection, fullgraph=True, dynamic=False)
+    for rows in (1, 6, 7):
+        x = torch.randn(rows, K, generator=gen)
+        want = F.linear(x, projection.weight)
+        assert (step(x) - want).abs().max() <= TOLERANCE[torch.float32] * want.abs().max(), rows
 
 
 def test_loading_calibrates_once_and_then_reads_the_table(folder, cache, capsys):

@@ -1,5 +1,7 @@
 """`ops.linear` computes x @ Wᵀ whichever way it asks torch's GEMM to (the order depends on rows and dtype)."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,18 +9,20 @@ import torch.nn.functional as F
 from summarize.engine.ops import machine
 from summarize.engine.ops.linear import Projection, linear
 
-CPU_KERNELS = ["AVX512", "AVX2"]  # the forms differ by what torch's kernels run with
-POLICIES = {kernels: machine.policy_for(kernels, multiplies_bf16=False, int4_block_rows=machine.POLICY.int4_block_rows)
-            for kernels in CPU_KERNELS}
-AVX512, AVX2 = POLICIES["AVX512"], POLICIES["AVX2"]
+PORTABLE = machine.policy_for(multiplies_bf16=False, int4_block_rows=machine.POLICY.int4_block_rows)
+# policies a calibration may install: the portable default, and one that streams a few rows itself
+# (as calibrations on AVX2-only CPUs chose) and takes W @ xᵀ from two rows
+POLICIES = {"portable": PORTABLE, "streams 9 rows": replace(PORTABLE, weight_first_min_rows=2, streamed_fp32_max_rows=9)}
+CPU_KERNELS = list(POLICIES)
+STREAMS = POLICIES["streams 9 rows"]
 # either side of each switch between the orders, and rows in more than one dimension
-ROW_COUNTS = [(1,), (2,), (AVX512.weight_first_min_rows - 1,), (AVX512.weight_first_min_rows,), (2, 4),
-              (AVX512.weight_first_max_rows,), (AVX512.weight_first_max_rows + 1,), (4, 9)]
+ROW_COUNTS = [(1,), (2,), (PORTABLE.weight_first_min_rows - 1,), (PORTABLE.weight_first_min_rows,), (2, 4),
+              (PORTABLE.weight_first_max_rows,), (PORTABLE.weight_first_max_rows + 1,), (4, 9)]
 
 
 @pytest.fixture
 def cpu_running(monkeypatch):
-    """Installs the policy of a CPU on which torch runs the given kernels, for the test."""
+    """Installs the named policy, for the test."""
     return lambda kernels: monkeypatch.setattr(machine, "POLICY", POLICIES[kernels])
 
 
@@ -39,11 +43,11 @@ def test_linear_is_x_times_the_weight_transposed(dtype, shape, kernels, cpu_runn
 
 @pytest.mark.parametrize("kernels", CPU_KERNELS)
 @pytest.mark.parametrize("dynamic", [False, True])  # a decode step's graph, a verify span's
-@pytest.mark.parametrize("rows", [1, 2, AVX2.streamed_fp32_max_rows, AVX2.streamed_fp32_max_rows + 1])
+@pytest.mark.parametrize("rows", [1, 2, STREAMS.streamed_fp32_max_rows, STREAMS.streamed_fp32_max_rows + 1])
 def test_compiled_fp32_linear_is_x_times_the_weight_transposed(rows, dynamic, kernels, cpu_running):
     """Inside a compiled step too, whether it streams the weights itself or asks torch's GEMM."""
     cpu_running(kernels)
-    torch._dynamo.reset()  # graphs built for the other kind of CPU
+    torch._dynamo.reset()  # graphs built under the other policy
     gen = torch.Generator().manual_seed(0)
     x, weight = torch.randn(rows, 96, generator=gen), torch.randn(200, 96, generator=gen)
     got = torch.compile(linear, fullgraph=True, dynamic=dynamic)(x, weight)

@@ -281,10 +281,11 @@ def load_model(
         model = family.build(config, Checkpoint(folder), device=device, dtype=dtype, quantize=quantize)
         model.source = folder
     release_free_memory()  # what loading (and quantizing) freed goes back to the OS
-    if device.type == "cpu":
-        calibrate_model(model, dtype, announce)  # before any step is compiled: the graphs follow the policy
     weight_bytes = sum(b.nbytes for b in model.buffers())
-    if compile if compile is not None else wanted(model, device, weight_bytes):
+    compiles = compile if compile is not None else wanted(model, device, weight_bytes)
+    if device.type == "cpu":
+        calibrate_model(model, dtype, announce, compiles)  # before any step is compiled: the graphs follow the policy
+    if compiles:
         compile_steps(model, announce)
     return model
 

@@ -7,8 +7,9 @@ decode batch, a verify span, a prefill block): the candidates take turns on the 
 over several distinct copies of the weight so that it is read from memory, not cache, and the
 median of a few turns counts. A candidate whose result is not the reference product to the
 tolerance the tests state never wins. The whole run stops after `BUDGET_SECONDS`; what it did not
-reach keeps the portable default (`machine.policy_for`), and so does the compiled streamed loop
-(`streamed_fp32_max_rows`, and `int8_packed_max_rows` in fp32), whose compiles cost seconds each.
+reach keeps the portable default (`machine.policy_for`). Where the model's steps will be compiled,
+the compiled streamed loop of a few fp32 rows races torch's GEMM too; its candidates are compiles of
+seconds each, so it is timed on one shape, at the fewest row counts a bisection needs.
 `SUMMARIZE_CALIBRATE=0` keeps the portable default whole. How it works: docs/kernel-policy.md.
 """
 
@@ -40,6 +41,7 @@ from summarize.engine.ops.linear import (
     int8_kernel,
     int8_widened,
     quantized,
+    streamed,
     weight_first,
 )
 from summarize.files import user_cache_folder, write_atomic
@@ -50,6 +52,7 @@ TABLE_FORMAT = 1
 TABLES_KEPT = 16  # machine × model entries in the file, the most recent
 BUDGET_SECONDS = 15.0
 ROW_COUNTS = (1, 2, 3, 4, 6, 9, 16, 32, 64, 128)  # decode batches, verify spans, prefill blocks
+STREAMED_ROW_COUNTS = (1, 2, 3, 4, 6, 9, 12, 16)  # a compiled step's decode batches and verify spans
 PREFILL_ROWS = 64  # the row count a prefill-only choice is timed at
 TURNS = 3  # each candidate's timings, taken in turn with the others; the median counts
 COPIES_BYTES = 48 * 2**20  # weights one timing reads, in distinct copies: more than a last-level cache
@@ -82,14 +85,16 @@ class Table:
 LAST: Table | None = None  # the table this process installed last (bench_engine prints it)
 
 
-def calibrate_model(model, dtype: torch.dtype, announce: Callable[[str | None], None] | None = None) -> None:
+def calibrate_model(model, dtype: torch.dtype, announce: Callable[[str | None], None] | None = None,
+                    compiles: bool = False) -> None:
     """Install the policy calibrated for `model`'s projections in `dtype` on this machine: from the
-    table if it has this machine's and shapes' entry, else timed now and added to it."""
+    table if it has this machine's and shapes' entry, else timed now and added to it. `compiles`:
+    the model's steps will be compiled (the compiled streamed loop is raced too)."""
     global LAST
     if os.environ.get(ENV, "").strip() == "0":
         return
     shapes = model_shapes(model)
-    key = table_key(shapes, dtype)
+    key = table_key(shapes, dtype, compiles)
     table = read_table(key)
     if table is None:
         # a bf16 model times nothing (no field decides its products): nothing to announce
@@ -97,7 +102,7 @@ def calibrate_model(model, dtype: torch.dtype, announce: Callable[[str | None], 
         if announcing:
             announce(f"timing this CPU's kernels for the model (once per machine; {ENV}=0 skips it)")
         try:
-            table = calibrate(shapes, dtype)
+            table = calibrate(shapes, dtype, compiles=compiles)
         finally:
             if announcing:
                 announce(None)
@@ -124,9 +129,10 @@ def model_shapes(model) -> Counter[tuple[str, int, int]]:
 
 
 def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: Timer | None = None,
-              budget: float = BUDGET_SECONDS, clock: Callable[[], float] = time.perf_counter) -> Table:
+              budget: float = BUDGET_SECONDS, clock: Callable[[], float] = time.perf_counter, compiles: bool = False) -> Table:
     """Race the candidates of each decision that the forms in `shapes` meet, computing in `dtype`;
-    `timer` (default `taking_turns`) times a set of candidates."""
+    `timer` (default `taking_turns`) times a set of candidates. `compiles`: race the compiled
+    streamed loop too."""
     started, races, chosen, complete = clock(), [], {}, True
     timer = timer or taking_turns
     deadline = time.perf_counter() + budget
@@ -171,6 +177,14 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
             if won is not None:
                 first, last = won
                 chosen |= {"weight_first_min_rows": first, "weight_first_max_rows": last}
+            if compiles and won is not None:
+                loop = torch.compile(lambda x, weight: streamed(x, weight), dynamic=False)
+                in_turn = {"streamed loop, compiled": lambda x, p: loop(x, p.weight),
+                           "GEMM": lambda x, p: weight_first(x, p.weight) if first <= x.shape[0] <= last else F.linear(x, p.weight)}
+                most = _rows_won_from_one(lambda rows: race("fp32 streamed", weights[:1], in_turn, rows, TOLERANCE[dtype]),
+                                          "streamed loop, compiled", STREAMED_ROW_COUNTS)
+                if most is not None:
+                    chosen["streamed_fp32_max_rows"] = most
         elif form == "int8" and dtype == torch.float32:
             blocks = {f"widen {b} rows at a time": (lambda x, p, b=b: int8_widened(x, p.weight, p.scale, b)) for b in WIDEN_BLOCKS}
             winner = race("int8 widening block, fp32", weights, blocks, PREFILL_ROWS, TOLERANCE[dtype])
@@ -206,18 +220,18 @@ def _rows_won(race: Callable[[int], str | None], candidate: str) -> tuple[int, i
     return (1, 0) if first is None else (first, last)
 
 
-def _rows_won_from_one(race: Callable[[int], str | None], candidate: str) -> int | None:
-    """The most rows up to which `candidate`, a kernel for few rows, wins from one row (0: none),
-    found by bisection: its time grows with the rows, the other's (a dequantization first) much
-    less. None: out of time before it was found."""
-    low, high = 0, len(ROW_COUNTS)  # it wins ROW_COUNTS[:low], loses ROW_COUNTS[high:]
+def _rows_won_from_one(race: Callable[[int], str | None], candidate: str, row_counts: tuple[int, ...] = ROW_COUNTS) -> int | None:
+    """The most of `row_counts` up to which `candidate`, a kernel for few rows, wins from one row
+    (0: none), found by bisection: its time grows with the rows, the other's (a dequantization
+    first, or a GEMM) much less. None: out of time before it was found."""
+    low, high = 0, len(row_counts)  # it wins row_counts[:low], loses row_counts[high:]
     while low < high:
         middle = (low + high) // 2
-        winner = race(ROW_COUNTS[middle])
+        winner = race(row_counts[middle])
         if winner is None:
             return None
         low, high = (middle + 1, high) if winner == candidate else (low, middle)
-    return ROW_COUNTS[low - 1] if low else 0
+    return row_counts[low - 1] if low else 0
 
 
 def timed_weights(shapes: Counter[tuple[str, int, int]], form: str, dtype: torch.dtype) -> list[tuple[float, int, list[Projection]]]:
@@ -288,10 +302,12 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def table_key(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype) -> str:
-    """What a table holds for: this CPU model, core count and torch, and the model's shapes and dtype."""
+def table_key(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, compiles: bool = False) -> str:
+    """What a table holds for: this CPU model, core count and torch, the model's shapes and dtype,
+    and whether its steps are compiled."""
     listed = ", ".join(f"{count}×{form} {n}×{k}" for (form, n, k), count in sorted(shapes.items()))
-    return f"{cpu_model()}; {torch.get_num_threads()} threads; torch {torch.__version__}; {dtype}: {listed}"
+    steps = "compiled" if compiles else "eager"
+    return f"{cpu_model()}; {torch.get_num_threads()} threads; torch {torch.__version__}; {dtype}, {steps}: {listed}"
 
 
 CALIBRATED = {f.name for f in fields(machine.CpuPolicy) if f.type in ("int", int)}  # what a table may set

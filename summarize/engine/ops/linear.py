@@ -47,12 +47,12 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
         policy = machine.POLICY
         streams = policy.streamed_fp32_max_rows
         if streams and torch.compiler.is_compiling() and has_static_value(rows) and rows <= streams:
-            return _streamed(x, weight)
+            return streamed(x, weight)
         if policy.weight_first_min_rows <= rows <= policy.weight_first_max_rows:
             return weight_first(x, weight)
         return F.linear(x, weight)
     if torch.compiler.is_compiling() and rows <= STREAMED_MAX_ROWS:
-        return _streamed(x, weight)
+        return streamed(x, weight)
     return F.linear(x, weight)
 
 
@@ -73,7 +73,7 @@ def linear_int8(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     if on_cpu and x.dtype == torch.float32 and not torch.compiler.is_compiling():
         return int8_widened(rows, weight, scale, policy.widen_block_rows).reshape(*x.shape[:-1], weight.shape[0])
     if on_cpu and few and x.dtype == torch.float32:
-        return _streamed(x, weight, scale)
+        return streamed(x, weight, scale)
     if on_cpu and few:
         return int8_kernel(rows, weight, scale).reshape(*x.shape[:-1], weight.shape[0])
     return int8_dequantized(x, weight, scale)
@@ -147,7 +147,9 @@ def rows_fp32(x: Tensor) -> Tensor:
     return torch.ops.prims.inductor_force_stride_order(rows, rows.stride())
 
 
-def _streamed(x: Tensor, weight: Tensor, scale: Tensor | None = None) -> Tensor:
+def streamed(x: Tensor, weight: Tensor, scale: Tensor | None = None) -> Tensor:
+    """x [..., K] times weight [N, K] (int8 with `scale` [N]) transposed, inside a compiled step: a
+    loop that reads (and widens) each weight once, whatever the rows."""
     rows = rows_fp32(x)
     wide = weight.float()
     if has_static_value(rows.shape[0]):

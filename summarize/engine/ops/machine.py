@@ -1,8 +1,8 @@
 """The machine policy: which kernel each CPU dispatch takes on this CPU, in one record.
 
-`POLICY` starts as the portable default, built from what torch reports about the CPU (the vector
-kernels it runs, whether the CPU multiplies bf16 in hardware, the block of its int4 packing); at a
-model's load the calibration (`ops/calibration.py`) replaces the fields it timed on the machine.
+`POLICY` starts as the portable default, the same on every CPU but for two facts torch reports
+about it (whether it multiplies bf16 in hardware, the block of its int4 packing); at a model's load
+the calibration (`ops/calibration.py`) replaces the fields it timed on the machine.
 The ops and the loader read its fields and never test the CPU themselves; a test installs another
 record in its place. Each field, what it decides and the measurements behind it:
 docs/kernel-policy.md.
@@ -36,16 +36,14 @@ class CpuPolicy:
     chunk_token_heads: int  # token × head rows per block of the chunked recurrences
 
 
-def policy_for(kernels: str, multiplies_bf16: bool, int4_block_rows: int | None) -> CpuPolicy:
-    """The portable default policy of a CPU on which torch runs `kernels` ("AVX512", "AVX2", ...:
-    what `torch.backends.cpu.get_cpu_capability()` says), given its bf16 and int4 facts. The
-    calibration replaces what it times; the streamed loop (compiled, too slow to time) stays."""
-    avx2 = kernels == "AVX2"  # AVX2 kernels (no AVX-512): MKL reads a few fp32 rows slowly
+def policy_for(multiplies_bf16: bool, int4_block_rows: int | None) -> CpuPolicy:
+    """The portable default policy of a CPU, given its bf16 and int4 facts: the same on every CPU,
+    where the calibration has not timed the machine (`SUMMARIZE_CALIBRATE=0`, or out of time)."""
     return CpuPolicy(
         dtype=torch.bfloat16 if multiplies_bf16 else torch.float32,
-        weight_first_min_rows=2 if avx2 else 4,
+        weight_first_min_rows=4,
         weight_first_max_rows=32,
-        streamed_fp32_max_rows=9 if avx2 else 0,
+        streamed_fp32_max_rows=0,
         int8_packed_max_rows=16,
         widen_block_rows=512,
         int4_kernel_max_rows=64,
@@ -56,7 +54,7 @@ def policy_for(kernels: str, multiplies_bf16: bool, int4_block_rows: int | None)
 
 def this_cpu() -> CpuPolicy:
     """The policy of the CPU this process runs on, from what torch reports about it."""
-    return policy_for(torch.backends.cpu.get_cpu_capability(), cpu_multiplies_bf16(), packing_block_rows())
+    return policy_for(cpu_multiplies_bf16(), packing_block_rows())
 
 
 def cpu_multiplies_bf16() -> bool:
