@@ -2,7 +2,7 @@
 
     python bench/bench_pipeline.py --folder /tmp/qwen3.5-0.8B-random       # the sample and a 100-page book
     python bench/bench_pipeline.py --folder /tmp/qwen3.5-0.8B-random --quick  # the sample only
-    python bench/bench_pipeline.py --folder ... --llama-completion BIN --gguf FILE  # llama.cpp beside it
+    python bench/bench_pipeline.py --folder ... --llama-completion BIN --gguf BF16=FILE --gguf Q4_K_M=FILE
 
 Documents:
 - sample: samples/target-tier-policy.pdf (13 pages, ~6,900 words);
@@ -34,14 +34,17 @@ prefill, notes (map decode) and summary (merge and reduce decode) seconds from -
 decode and verify graphs inside notes and summary); the rest (imports, PDF text, tokenizing) is wall minus those; tokens
 in and out; drafts kept; peak RSS (the process's own, from wait4); rows per map batch.
 
-llama.cpp (with --llama-completion and --gguf, the same weights converted by llama.cpp's own
-converter): what its user would run, the whole document's text as one prompt and -n the summary's
-token budget: `llama-completion -m GGUF -f DOC.txt -n 496 -c PROMPT+496 -t THREADS --temp 0
+GGUF files (each --gguf NAME=FILE, the same weights converted by llama.cpp's own converter, and
+quantized by its llama-quantize): ours reads each file (`-m FILE`, as a llama.cpp or ollama user
+would point it at the file they have) as a setting of its own; with --llama-completion, llama.cpp
+runs on each file too, in the same turns. llama.cpp's run is what its user would run, the whole
+document's text as one prompt and -n the summary's token budget: `llama-completion -m GGUF -f DOC.txt -n 496 -c PROMPT+496 -t THREADS --temp 0
 --ignore-eos -no-cnv`, timed the same way (wall and peak RSS). A document longer than the
 model's context is cut to it, and the row says so.
 
-The last line reads `pipeline: 100-page X.X s (was Y.Y s, Z.ZZx), sample X.X s (Z.ZZx)`: "now"
-against "before".
+The last lines read `pipeline: 100-page X.X s (was Y.Y s, Z.ZZx), sample X.X s (Z.ZZx)`: "now"
+against "before"; and, with llama.cpp, per document `against llama.cpp (CPU): ours' best X.X s
+(setting) ÷ llama.cpp's best Y.Y s (file) = Z.ZZx`, a speed ratio (above 1: ours is faster).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ WORDS = 300
 SUMMARY_TOKENS = int(WORDS * 1.6) + 16  # the summarizer's token budget for 300 words
 OLD_SHARE, OLD_PROMPT_TOKENS = 0.08, 256  # the old rule: the rows' states within 8% of the weights' bytes
 DASH = "–"
+LLAMA = "llama.cpp"  # the rows of its runs begin so
 
 
 def log(message: str) -> None:
@@ -167,6 +171,7 @@ def timed(command: list[str], env: dict | None = None) -> dict:
 
 
 def run_summarize(args, document: Path, extra: list[str]) -> dict | None:
+    """`extra` may name another model (`-m FILE.gguf`): the last -m counts."""
     command = [sys.executable, "-m", "summarize", str(document), "-m", args.folder, "-n", str(WORDS),
                "--temperature", "0", "--json", "--no-cache", *extra]
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads)}
@@ -190,10 +195,10 @@ def run_summarize(args, document: Path, extra: list[str]) -> dict | None:
     )
 
 
-def run_llama(args, prompt: Path) -> dict | None:
+def run_llama(args, prompt: Path, gguf: str) -> dict | None:
     n_prompt = len(prompt.read_text(encoding="utf-8").split()) * 2  # a generous token count for -c
     context = min(n_prompt + SUMMARY_TOKENS, args.llama_context)
-    command = [args.llama_completion, "-m", args.gguf, "-f", str(prompt), "-n", str(SUMMARY_TOKENS), "-c", str(context),
+    command = [args.llama_completion, "-m", gguf, "-f", str(prompt), "-n", str(SUMMARY_TOKENS), "-c", str(context),
                "-t", str(args.threads), "--temp", "0", "--ignore-eos", "-no-cnv"]
     run = timed(command)
     if run["code"] != 0:
@@ -223,12 +228,20 @@ def speedup(now: float | None, was: float | None) -> str:
     return f"{was / now:.2f}x" if now and was else DASH
 
 
+def cpu_name() -> str:
+    """The CPU's model name, as `lscpu` shows it."""
+    from summarize.engine.ops.calibration import cpu_model
+
+    return cpu_model()
+
+
 def fmt(value: float | None, digits: int = 1) -> str:
     return DASH if value is None else f"{value:,.{digits}f}"
 
 
-def settings(folder: str) -> tuple[dict[str, list[str]], dict[str, int]]:
-    """The settings compared ({name: extra arguments}) and the rows per map batch each runs."""
+def settings(folder: str, ggufs: dict[str, str]) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """The settings compared ({name: extra arguments}) and the rows per map batch each runs; one
+    more per GGUF file (`ggufs`: name → file), ours reading it."""
     from summarize.engine import load_model
     from summarize.settings import DEFAULT_CHUNK_TOKENS
     from summarize.summarizers.map_rows import MAX_MAP_BATCH, map_batch_size, row_bytes
@@ -244,7 +257,7 @@ def settings(folder: str) -> tuple[dict[str, list[str]], dict[str, int]]:
         "now (defaults)": [],
         "now, --speculate 0": ["--speculate", "0"],
         "now, --quantize int4": ["--quantize", "int4"],
-    }
+    } | {f"now, -m {name} GGUF": ["-m", file] for name, file in ggufs.items()}
     return configs, {name: old_rows if name.startswith("before") else rows for name in configs}
 
 
@@ -255,18 +268,20 @@ def main() -> None:
     p.add_argument("--book", help="a document of 100+ pages instead of the rustc book")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--only", help="comma-separated setting numbers to run (1-4), e.g. 1,2")
-    p.add_argument("--llama-completion", help="llama.cpp's llama-completion binary (needs --gguf)")
-    p.add_argument("--gguf", help="the same checkpoint converted by llama.cpp's convert_hf_to_gguf.py")
+    p.add_argument("--only", help="comma-separated setting numbers to run (1-4, then one per --gguf), e.g. 1,2,5")
+    p.add_argument("--llama-completion", help="llama.cpp's llama-completion binary (runs on each --gguf)")
+    p.add_argument("--gguf", action="append", default=[], metavar="NAME=FILE",
+                   help="the same checkpoint converted by llama.cpp's tools, e.g. BF16=q08-bf16.gguf (repeatable)")
     p.add_argument("--llama-context", type=int, default=65536, help="the most context llama.cpp is given")
     args = p.parse_args()
+    ggufs = dict(item.split("=", 1) if "=" in item else (Path(item).stem, item) for item in args.gguf)
 
     work = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
     documents = {"sample": SAMPLE}
     book = None if args.quick else make_book(work, args.book)
     if book is not None:
         documents = {"100-page": book} | documents
-    configs, rows_per_batch = settings(args.folder)
+    configs, rows_per_batch = settings(args.folder, ggufs)
     if args.only:
         keep = {int(i) - 1 for i in args.only.split(",")}
         configs = {name: extra for i, (name, extra) in enumerate(configs.items()) if i in keep}
@@ -282,11 +297,11 @@ def main() -> None:
                 run = run_summarize(args, path, extra)
                 if run is not None:
                     results.setdefault((name, setting), []).append(run)
-            if args.llama_completion and args.gguf:
-                log(f"  llama.cpp, run {repeat + 1}")
-                run = run_llama(args, plain_text(path, work))
+            for gguf_name, gguf in ggufs.items() if args.llama_completion else ():
+                log(f"  llama.cpp on {gguf_name}, run {repeat + 1}")
+                run = run_llama(args, plain_text(path, work), gguf)
                 if run is not None:
-                    results.setdefault((name, "llama.cpp (whole document, one prompt)"), []).append(run)
+                    results.setdefault((name, f"{LLAMA} {gguf_name} (whole document, one prompt)"), []).append(run)
 
     header = ["document", "setting", "wall s", "vs before", "load s", "prefill s", "notes s", "summary s", "other s",
               "tokens in / out", "drafts kept", "peak RSS GB", "rows"]
@@ -316,6 +331,13 @@ def main() -> None:
     sample_now, sample_before = pair("sample")
     print(f"pipeline: 100-page {fmt(book_now)} s (was {fmt(book_before)} s, {speedup(book_now, book_before)}), "
           f"sample {fmt(sample_now)} s ({speedup(sample_now, sample_before)})")
+    for name in documents:
+        ours = {s: w for (n, s), w in walls.items() if n == name and not s.startswith(LLAMA) and w is not None}
+        theirs = {s: w for (n, s), w in walls.items() if n == name and s.startswith(LLAMA) and w is not None}
+        if ours and theirs:
+            best, their_best = min(ours, key=ours.get), min(theirs, key=theirs.get)
+            print(f"{name} against llama.cpp ({cpu_name()}): ours' best {fmt(ours[best])} s ({best}) ÷ llama.cpp's best "
+                  f"{fmt(theirs[their_best])} s ({their_best.removeprefix(LLAMA + ' ')}) = {speedup(ours[best], theirs[their_best])}")
 
 
 if __name__ == "__main__":
