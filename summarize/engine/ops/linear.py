@@ -35,7 +35,7 @@ INT8_MAX = 127
 # Up to this many input rows a compiled step in bf16 (or on a GPU) streams the weights itself; with
 # more, the per-row work makes the loop compute-bound and torch's GEMM wins.
 STREAMED_MAX_ROWS = 2
-QUANTIZE_BLOCK_ROWS = 8192  # rows quantized at a time: bounded fp32 temporaries
+QUANTIZE_BLOCK_ROWS = 1024  # rows quantized at a time: fp32 temporaries small enough to stay in cache
 INT4_LEVELS = 15  # codes 0..15, read as (code - 8) · scale + zero by torch's kernel
 INT4_GROUP = 64  # input channels per scale and zero (torch's kernel takes 32, 64, 128 or 256)
 
@@ -270,12 +270,12 @@ class Projection(nn.Module):
         scale_and_zero = torch.empty(K // group, N, 2, dtype=torch.bfloat16)
         for start in range(0, N, QUANTIZE_BLOCK_ROWS):  # a multiple of the block: packed blocks stay whole
             rows = slice(start, start + QUANTIZE_BLOCK_ROWS)
-            block = self.weight[rows].float().view(-1, K // group, group)
-            low, high = block.amin(-1), block.amax(-1)
+            block = self.weight[rows].float().view(-1, K // group, group)  # fp32 copy: overwritten in place below
+            low, high = torch.aminmax(block, dim=-1)
             scale = ((high - low) / INT4_LEVELS).clamp_min(torch.finfo(torch.float32).tiny).bfloat16().float()
             zero = (low + 8 * scale).bfloat16().float()  # code 0 reads as the group's minimum
-            codes = ((block - zero[..., None]) / scale[..., None] + 8).round_().clamp_(0, INT4_LEVELS)
-            packed[rows] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.view(-1, K).int(), 1)
+            codes = block.sub_(zero[..., None]).div_(scale[..., None]).add_(8).round_().clamp_(0, INT4_LEVELS)
+            packed[rows] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.view(-1, K).to(torch.int32), 1)
             scale_and_zero[:, rows] = torch.stack([scale, zero], -1).transpose(0, 1)
         self.weight = packed
         self.scale_and_zero, self.group = scale_and_zero, group
