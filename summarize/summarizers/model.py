@@ -209,7 +209,8 @@ class ModelSummarizer:
     def _summary(self, doc: _Document) -> Summary:
         counters = doc.progress.counters
         if not doc.summary and self.fallback is not None:
-            self.notify(f"{doc.name}: the model wrote no usable summary; writing an extractive one instead")
+            untranslated = ", in the document's language" if self.asks["language"] else ""
+            self.notify(f"{doc.name}: the model wrote no usable summary; writing an extractive one instead{untranslated}")
             summary = self.fallback.summarize(doc.text, name=doc.name, places=doc.places)
             # what the model read and wrote before its answer was found unusable
             summary.extra |= {key: counters[key] for key in ("tokens_in", "tokens_out", "draft_tokens", "accepted_tokens", "cached_chunks")}
