@@ -147,7 +147,7 @@ def document_from_bytes(
                                   [title or str(number) for number, (title, _) in enumerate(chapters, start=1)])
                           if len(chapters) > 1 else sections(text) or paragraphs(text))
             elif suffix in HTML_SUFFIXES or looks_like_html(data):
-                text = clean_text(html_main_text(data, label))
+                text = clean_text(html_main_text(data, label, notes))
                 places = sections(text) or paragraphs(text)
             else:
                 decoded = _decode(data, label, notes)
