@@ -26,7 +26,8 @@ class Summarizer:
 
     Keyword arguments are `Settings`' fields, the CLI's options by their long names (`words`,
     `model`, `device`, `dtype`, `quantize`, `chunk_tokens`, `overlap`, `strategy`, `extractive`,
-    `temperature`, `top_k`, `top_p`, `seed`, `diagnostics_file`, `password`). `notify` receives
+    `focus`, `language`, `format`, `cite`, `temperature`, `top_k`, `top_p`, `seed`,
+    `diagnostics_file`, `password`). `notify` receives
     the notes the CLI prints on stderr (a model that cannot be had, say). Failures raise
     `SummarizeError` with the CLI's one-line message.
     """
