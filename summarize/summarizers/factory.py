@@ -12,6 +12,7 @@ from summarize.diagnostics.log import DiagnosticsLog
 from summarize.settings import Settings
 from summarize.summarizers.base import DocumentSummarizer
 from summarize.summarizers.extractive import ExtractiveSummarizer
+from summarize.summarizers.prompts import language_sentence
 from summarize.ui.reporter import Reporter
 
 # owner/name, or owner/name:QUANT for a GGUF file on the hub: found (or not) only by asking the hub
@@ -38,6 +39,7 @@ def make_summarizer(settings: Settings, ui: Reporter) -> DocumentSummarizer:
     `settings.model_fallback` allows it: the user is told in one line and gets the extractive
     summary; else ModelNotAvailable is raised. The caller closes what it returns.
     """
+    language_sentence(settings.language)  # a language that is no name fails before anything loads
     extractive = ExtractiveSummarizer(settings)
     if settings.extractive:
         _say_it_cannot_translate(settings, ui)

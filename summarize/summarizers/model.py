@@ -193,7 +193,7 @@ class ModelSummarizer:
             self.diagnostics.close()
             self.diagnostics = None
 
-    def _open(self, text: str, name: str, places: Places | None) -> _Document:
+    def _open(self, text: str, name: str, places: Places | None = None) -> _Document:
         places = places or text_places(text)
         chunks = chunk_text(text, chunk_size=self.chunk_tokens, overlap=self.overlap, count=self.s.tokenizer.count,
                             strategy=self.strategy, places=places)
