@@ -143,7 +143,7 @@ def document_from_bytes(
                 chapters = _zipped_text(data, label)
                 text = clean_text("\n\n".join(chapter for _, chapter in chapters))
                 # a book's chapters are its sections, named by their titles (or numbers)
-                places = (aligned(SECTION, [chapter for _, chapter in chapters], text,
+                places = (aligned(SECTION, [chapter.translate(_TRANSLATE) for _, chapter in chapters], text,
                                   [title or str(number) for number, (title, _) in enumerate(chapters, start=1)])
                           if len(chapters) > 1 else sections(text) or paragraphs(text))
             elif suffix in HTML_SUFFIXES or looks_like_html(data):
