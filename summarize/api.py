@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from summarize.errors import SummarizeError
-from summarize.inputs.extract import extract_text
+from summarize.inputs.extract import extract_document
+from summarize.inputs.places import Places
 from summarize.records import Summary
 from summarize.settings import Settings
 from summarize.summarizers.factory import make_summarizer
@@ -25,7 +26,8 @@ class Summarizer:
 
     Keyword arguments are `Settings`' fields, the CLI's options by their long names (`words`,
     `model`, `device`, `dtype`, `quantize`, `chunk_tokens`, `overlap`, `strategy`, `extractive`,
-    `temperature`, `top_k`, `top_p`, `seed`, `diagnostics_file`, `password`). `notify` receives
+    `focus`, `language`, `format`, `cite`, `temperature`, `top_k`, `top_p`, `seed`,
+    `diagnostics_file`, `password`). `notify` receives
     the notes the CLI prints on stderr (a model that cannot be had, say). Failures raise
     `SummarizeError` with the CLI's one-line message.
     """
@@ -38,17 +40,19 @@ class Summarizer:
         self._reporter = NotesReporter(notify)
         self._summarizer = None
 
-    def summarize_text(self, text: str, *, name: str = "<text>") -> Summary:
+    def summarize_text(self, text: str, *, name: str = "<text>", places: Places | None = None) -> Summary:
+        """`text`'s summary; its citations name the text's sections where it has Markdown
+        headings, else its lines (`places` says otherwise)."""
         if not text.strip():
             raise SummarizeError(f"{name}: no text to summarize")
         if self._summarizer is None:
             self._summarizer = make_summarizer(self.settings, self._reporter)
-        return self._summarizer.summarize(text, name=name)
+        return self._summarizer.summarize(text, name=name, places=places)
 
     def summarize_file(self, path: str | Path) -> Summary:
         """A document the CLI reads (PDF, text, Markdown, EPUB, Word, HTML, an http(s) URL, or "-" for stdin), read as it reads it."""
-        text = extract_text(path, password=self.settings.password, notify=self._reporter.note)
-        return self.summarize_text(text, name=str(path))
+        document = extract_document(path, password=self.settings.password, notify=self._reporter.note)
+        return self.summarize_text(document.text, name=str(path), places=document.places)
 
     def close(self) -> None:
         """Release the diagnostics file (the model goes with the object)."""

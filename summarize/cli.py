@@ -35,6 +35,7 @@ from summarize.settings import (
     DEFAULT_CACHE_SIZE,
     DEFAULT_CHUNK_TOKENS,
     DEFAULT_DRAFTS,
+    DEFAULT_FORMAT,
     DEFAULT_MAX_INPUT_SIZE,
     DEFAULT_MODEL,
     DEFAULT_OVERLAP,
@@ -46,6 +47,7 @@ from summarize.settings import (
     DEFAULT_TOP_P,
     DEFAULT_WORDS,
     DRAFT_SOURCES,
+    FORMATS,
     MAX_CHUNK_TOKENS,
     MAX_OVERLAP_SHARE,
     MAX_SEED,
@@ -58,6 +60,7 @@ from summarize.settings import (
     parse_size,
 )
 from summarize.summarizers.factory import missing_model_path
+from summarize.summarizers.prompts import language_sentence
 from summarize.ui.escape import printable
 from summarize.ui.reporter import Reporter
 from summarize.ui.terminal import QuietUI, RichUI
@@ -70,6 +73,7 @@ DEVICE_KINDS = "cpu, cuda, cuda:N, mps"
 # typer offers an Enum's values as the choices: built from STRATEGIES, so they are listed once
 Strategy = Enum("Strategy", {name.replace("-", "_"): name for name in STRATEGIES}, type=str)
 Drafts = Enum("Drafts", {name: name for name in DRAFT_SOURCES}, type=str)
+Format = Enum("Format", {name: name for name in FORMATS}, type=str)
 
 
 class DType(str, Enum):
@@ -148,6 +152,15 @@ def _finite_nonnegative(value: float | None) -> float | None:
     return value
 
 
+def _language(text: str | None) -> str | None:
+    """--language: the name of a language (prompts.language_sentence says which are)."""
+    try:
+        language_sentence(text)
+    except SummarizeError as exc:
+        raise typer.BadParameter(str(exc).removeprefix("--language: ")) from None
+    return text
+
+
 def _size(text: str | None) -> int | None:
     """--batch-memory, --cache-size: a size such as 1G or 512M."""
     if text is None:
@@ -174,7 +187,8 @@ def summarize(
         metavar="INPUT", show_default=False,
         help="PDF, EPUB, .docx, .html, .txt or .md files, http(s) URLs, folders (searched recursively), or - for stdin.")] = None,
     words: Annotated[int, typer.Option(
-        "-n", "--words", min=1, max=MAX_WORDS, help="Target length in words (a CJK character counts as one).",
+        "-n", "--words", min=1, max=MAX_WORDS,
+        help="Target length in words (a CJK character counts as one; --cite's citations do not count).",
         rich_help_panel="Output")
     ] = DEFAULT_WORDS,
     model: Annotated[str, typer.Option(
@@ -219,6 +233,18 @@ def summarize(
         envvar="SUMMARIZE_FOCUS", show_default=False,
         help="What the summary should concentrate on, e.g. 'risks and costs' (model summaries).",
         rich_help_panel="Reading")] = None,
+    language: Annotated[str | None, typer.Option(
+        "--language", metavar="L", callback=_language, show_default=False,
+        help="Write the summary in this language, e.g. French, whatever the document's (model summaries; "
+             "the extractive summary cannot translate and says so).",
+        rich_help_panel="Output")] = None,
+    summary_format: Annotated[Format, typer.Option(
+        "--format", help="prose: paragraphs; bullets: one point per line (\"- \"); markdown: a short heading, then bullets.",
+        rich_help_panel="Output")] = Format(DEFAULT_FORMAT),
+    cite: Annotated[bool, typer.Option(
+        "--cite", help="End each sentence with where it comes from: (p. 12–14) in a PDF, (§ Title) under a heading, "
+                       "(l. 10–42) in a text file; not counted in -n.",
+        rich_help_panel="Output", metavar="")] = False,
     extractive: Annotated[bool, typer.Option(
         "--extractive", help="Pick the document's key sentences; no model needed.",
         rich_help_panel="Reading", metavar="")] = False,
@@ -338,7 +364,8 @@ def summarize(
             raise typer.BadParameter(problem.removeprefix(f"-m {model}: ") + f": {model}", param_hint="'-m'")
     settings = Settings(
         words=words, model=model, model_fallback=not model_named, device=device, dtype=dtype.value if dtype else None,
-        quantize=quantize.value if quantize else None, focus=focus, chunk_tokens=chunk_tokens, overlap=overlap, strategy=strategy.value,
+        quantize=quantize.value if quantize else None, focus=focus, language=language, format=summary_format.value, cite=cite,
+        chunk_tokens=chunk_tokens, overlap=overlap, strategy=strategy.value,
         extractive=extractive, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, speculate=speculate,
         drafts=drafts.value,
         batch_memory=batch_memory or DEFAULT_BATCH_MEMORY,

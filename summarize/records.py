@@ -13,9 +13,27 @@ from summarize.settings import STDIN, STDIN_LABEL
 Status = Literal["ok", "skipped", "failed"]
 
 
+@dataclass(frozen=True)
+class Source:
+    """Where one sentence of a summary comes from (summarizers/citations.py)."""
+
+    start: int  # the sentence's span in the summary's text without citations
+    end: int
+    text: str  # the sentence, its list mark left out
+    cite: str  # as --cite writes it: "p. 12–14", "§ Methods", "l. 10–42"; "" when nothing matched
+    places: dict[str, list]  # for --json: {"pages": [12, 13, 14]}, {"sections": [...]}, {"lines": [[10, 42]]}
+    score: float  # the BM25 score of the best passage
+
+    def record(self, index: int) -> dict[str, Any]:
+        """The sentence's entry in --json's `sources`."""
+        return {"sentence": index, "text": self.text, **self.places, "cite": self.cite or None,
+                "score": round(self.score, 3)}
+
+
 @dataclass
 class Summary:
-    """One input's summary. `extra` carries method-specific fields (model id, tokens, ...)."""
+    """One input's summary. `text` is what is printed (with --cite, its citations); `words` counts
+    it without them. `extra` carries method-specific fields (model id, tokens, ...)."""
 
     text: str
     words: int
@@ -23,6 +41,7 @@ class Summary:
     input: str
     seconds: float  # time spent summarizing the text, extraction excluded
     extra: dict[str, Any] = field(default_factory=dict)
+    sources: list[Source] = field(default_factory=list)  # one per sentence, in order
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,12 @@ STREAM = "stream"  # one pass, the state carried across the whole document
 STRATEGIES = (MAP_REDUCE, STREAM)
 DEFAULT_STRATEGY = MAP_REDUCE
 
+# How a summary is laid out (--format): paragraphs, one point per line ("- "), or Markdown (a short
+# heading, then the points).
+PROSE, BULLETS, MARKDOWN = "prose", "bullets", "markdown"
+FORMATS = (PROSE, BULLETS, MARKDOWN)
+DEFAULT_FORMAT = PROSE
+
 STDIN = "-"  # the input name that reads standard input
 STDIN_LABEL = "<stdin>"  # how messages name it
 
@@ -74,6 +80,9 @@ class Settings:
     dtype: str | None = None
     quantize: str | None = None
     focus: str | None = None  # what a model summary should concentrate on (--focus)
+    language: str | None = None  # the language a model summary is written in (--language)
+    format: str = DEFAULT_FORMAT  # how the summary is laid out (FORMATS)
+    cite: bool = False  # each sentence ends with where it comes from (--cite)
     chunk_tokens: int | None = None
     overlap: int | None = None
     strategy: str = DEFAULT_STRATEGY
@@ -103,6 +112,11 @@ class Settings:
         """
         method = method or ("extractive" if self.extractive else "model")
         shaping: dict[str, Any] = {"v": FINGERPRINT_VERSION, "method": method, "words": self.words}
+        # each absent when unset: fingerprints of earlier runs stay valid
+        if self.format != DEFAULT_FORMAT:
+            shaping["format"] = self.format
+        if self.cite:
+            shaping["cite"] = True
         if method != "extractive":
             shaping |= {
                 "model": self.model,
@@ -119,6 +133,8 @@ class Settings:
                 shaping["quantize"] = self.quantize
             if self.focus:
                 shaping["focus"] = " ".join(self.focus.split())
+            if self.language:
+                shaping["language"] = " ".join(self.language.split())
         blob = json.dumps(shaping, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:FINGERPRINT_LENGTH]
 

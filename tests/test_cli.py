@@ -302,7 +302,7 @@ def test_unexpected_exception_is_one_line_unless_verbose(monkeypatch, rivers_txt
     def broken(*args, **kwargs):
         raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr(local, "extract_text", broken)
+    monkeypatch.setattr(local, "extract_document", broken)
     result = run_cli(str(rivers_txt))
     assert result.exit_code == 1
     line = assert_one_error_line(result.stderr)
@@ -329,7 +329,7 @@ def test_keyboard_interrupt_while_summarizing(monkeypatch, rivers_txt: Path, run
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(local, "extract_text", interrupted)
+    monkeypatch.setattr(local, "extract_document", interrupted)
     result = run_cli(str(rivers_txt))
     assert result.exit_code == 130
     assert_one_error_line(result.stderr)

@@ -12,7 +12,7 @@ from summarize.run import local
 from summarize.settings import MAP_REDUCE, STREAM, Settings
 from summarize.summarizers.extractive import ExtractiveSummarizer
 from summarize.summarizers.model import ModelSummarizer
-from summarize.summarizers.prompts import MAP_INSTRUCTION, REDUCE_PROMPT, SINGLE_INSTRUCTION, focus_sentence
+from summarize.summarizers.prompts import FORM_SENTENCES, MAP_INSTRUCTION, REDUCE_PROMPT, SINGLE_INSTRUCTION, focus_sentence
 from summarize.summarizers.session import load_session
 from tiny_models import tiny_released_layout
 
@@ -38,8 +38,9 @@ def test_a_focus_changes_the_fingerprint_of_model_summaries_only():
 
 def test_without_a_focus_the_prompts_are_as_before():
     assert focus_sentence(None) == focus_sentence("  ") == ""
-    assert SINGLE_INSTRUCTION.format(words=50, focus="").startswith(
-        "Summarize the following document in about 50 words. Write plain prose paragraphs")
+    assert SINGLE_INSTRUCTION.format(words=50, focus="", form=FORM_SENTENCES["prose"], language="") == (
+        "Summarize the following document in about 50 words. Write plain prose paragraphs, no headings and no lists."
+        "\n\nDocument:\n")
     assert "{focus}" not in MAP_INSTRUCTION  # the notes on each chunk never narrow to it
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from summarize.inputs import archive
-from summarize.inputs.extract import ExtractionError, extract_text
+from summarize.inputs import archive, html
+from summarize.inputs.extract import ExtractionError, extract_document, extract_text
 
 CHAPTERS = [
     ("The Hive", "Bees live in colonies of many thousands. A single queen lays every egg of the colony in spring."),
@@ -157,6 +157,30 @@ def test_html_without_the_extra_names_it(tmp_path: Path, monkeypatch: pytest.Mon
     path.write_text(page_html(), encoding="utf-8")
     with pytest.raises(ExtractionError, match=r"page.htm: .*'html' extra: pip install 'summarize\[html\]'"):
         extract_text(path)
+
+
+def test_a_page_of_too_many_blocks_is_read_whole_without_trafilatura(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import trafilatura
+
+    calls = []
+    real = trafilatura.extract
+    monkeypatch.setattr(trafilatura, "extract", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    monkeypatch.setattr(html, "MAX_BLOCKS", 60)  # a page of a few KB stands for one of megabytes
+    notes: list[str] = []
+    blocks = sum(page_html().count(tag) for tag in ("<p>", "<li>", "<div "))
+    paragraphs = [f"Comment {n} says the bees were busy." for n in range(html.MAX_BLOCKS - blocks)]
+    for name, extra in [("small.html", []), ("huge.html", ["One more makes too many."])]:
+        path = tmp_path / name
+        path.write_text(page_html() + "".join(f"<li>{text}</li>" for text in paragraphs + extra), encoding="utf-8")
+        calls.clear()
+        text = extract_document(path, notify=notes.append).text
+        assert "Worker bees visit flowers" in text
+        if name == "small.html":  # at the bound: trafilatura picks the main text
+            assert calls and not notes and "Accept all cookies" not in text
+    # over it: the plain markup reader, every block kept, and a note that says so
+    assert not calls and f"Comment {len(paragraphs) - 1} says" in text and "One more makes too many." in text
+    (note,) = notes
+    assert note.startswith(f"{tmp_path / 'huge.html'}: more than {html.MAX_BLOCKS:,} blocks")
 
 
 @pytest.mark.parametrize(("name", "content", "message"), [

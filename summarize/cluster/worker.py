@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from summarize.errors import SummarizeError
-from summarize.inputs.extract import text_from_bytes
+from summarize.inputs.extract import document_from_bytes
 from summarize.records import Summary
 from summarize.run.outcomes import ModelNotLoaded, one_line_reason, worth_summarizing
 from summarize.settings import Settings
@@ -47,9 +47,9 @@ class DocumentWorker:
         start = time.perf_counter()
         summary, error = None, None
         try:
-            text = text_from_bytes(data, source, password=self.settings.password, verbose=self.settings.verbose,
-                                   notify=self._reporter.note)
-            summary = self._get_summarizer().summarize(worth_summarizing(text), name=label)
+            document = document_from_bytes(data, source, password=self.settings.password, verbose=self.settings.verbose,
+                                           notify=self._reporter.note)
+            summary = self._get_summarizer().summarize(worth_summarizing(document.text), name=label, places=document.places)
         except Exception as exc:  # the document's own failure: sent back, never a dead worker
             error = _portable(exc)
         notes, self._notes[:] = self._notes[:], []

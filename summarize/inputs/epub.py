@@ -10,6 +10,7 @@ from xml.etree import ElementTree
 
 from summarize.inputs.archive import Archive, member_path
 from summarize.inputs.markup import markup_text
+from summarize.inputs.places import heading_title
 from summarize.inputs.read_bytes import ExtractionError
 
 CONTAINER = "META-INF/container.xml"
@@ -21,9 +22,10 @@ def is_epub(archive: Archive) -> bool:
     return CONTAINER in archive.names
 
 
-def epub_text(archive: Archive) -> str:
-    """Chapters separated by blank lines; a chapter that does not open with a heading gets its
-    title from the table of contents."""
+def epub_chapters(archive: Archive) -> list[tuple[str | None, str]]:
+    """The chapters that hold text, in reading order: (title, text). A chapter that does not open
+    with a heading gets its title from the table of contents, as a `#` line; a title is that
+    heading, None where there is none."""
     rootfile = archive.xml(CONTAINER).find(".//{*}rootfile")
     if rootfile is None or not rootfile.get("full-path"):
         raise ExtractionError(f"{archive.label}: {CONTAINER} names no package file")
@@ -40,8 +42,15 @@ def epub_text(archive: Archive) -> str:
         if item is None or item.get("media-type") not in CHAPTER_TYPES or itemref.get("linear") == "no":
             continue
         path = member_path(opf_path, item.get("href", ""))
-        chapters.append(_with_title(markup_text(archive.read(path).decode("utf-8", errors="replace")), titles.get(path)))
-    return "\n\n".join(chapter for chapter in chapters if chapter)
+        text = _with_title(markup_text(archive.read(path).decode("utf-8", errors="replace")), titles.get(path))
+        if text:
+            chapters.append((_title(text), text))
+    return chapters
+
+
+def _title(chapter: str) -> str | None:
+    first = chapter.split("\n", 1)[0]
+    return (heading_title(first.lstrip("#")) or None) if first.startswith("#") else None
 
 
 def _with_title(text: str, title: str | None) -> str:

@@ -22,8 +22,9 @@ from pypdf.errors import DependencyError, EmptyFileError
 from summarize.errors import first_line
 from summarize.inputs.archive import Archive
 from summarize.inputs.docx import docx_text, is_docx
-from summarize.inputs.epub import epub_text, is_epub
+from summarize.inputs.epub import epub_chapters, is_epub
 from summarize.inputs.html import HTML_SUFFIXES, html_main_text, looks_like_html
+from summarize.inputs.places import PAGE, SECTION, Document, aligned, lines, paragraphs, sections
 from summarize.inputs.read_bytes import (
     ExtractionError,
     known_kind,
@@ -36,8 +37,8 @@ from summarize.inputs.read_bytes import (
 from summarize.inputs.url import is_url, read_url, url_suffix
 from summarize.settings import DEFAULT_MAX_INPUT_SIZE, STDIN, STDIN_LABEL, format_size
 
-__all__ = ["ExtractionError", "SUPPORTED_SUFFIXES", "clean_text", "extract_text", "iter_pdf_pages", "read_input",
-           "text_from_bytes"]
+__all__ = ["Document", "ExtractionError", "SUPPORTED_SUFFIXES", "clean_text", "document_from_bytes", "extract_document",
+           "extract_text", "iter_pdf_pages", "read_input", "text_from_bytes"]
 
 SUPPORTED_SUFFIXES = (".pdf", ".txt", ".md", ".epub", ".docx", ".html", ".htm")
 MARKDOWN_SUFFIXES = (".md", ".markdown")
@@ -78,8 +79,20 @@ def extract_text(
     across line breaks rejoined; no ligature characters, soft hyphens or zero-width spaces; no
     running headers/footers or page numbers where pages are known (PDF pages, or form feeds in text).
     """
+    return extract_document(source, password=password, verbose=verbose, notify=notify, max_bytes=max_bytes).text
+
+
+def extract_document(
+    source: str | Path,
+    *,
+    password: str | None = None,
+    verbose: bool = False,
+    notify: Callable[[str], None] | None = None,
+    max_bytes: int = DEFAULT_MAX_INPUT_SIZE,
+) -> Document:
+    """`extract_text`'s text, with where each part of it came from (`document_from_bytes`)."""
     data = read_input(source, max_bytes=max_bytes)
-    return text_from_bytes(data, source, password=password, verbose=verbose, notify=notify)
+    return document_from_bytes(data, source, password=password, verbose=verbose, notify=notify)
 
 
 def read_input(source: str | Path, *, max_bytes: int = DEFAULT_MAX_INPUT_SIZE) -> bytes:
@@ -100,6 +113,20 @@ def text_from_bytes(
 ) -> str:
     """`extract_text` of bytes already read from `source` (which names the input and, by its
     suffix, says whether it is Markdown or HTML): a process without access to the file can read it."""
+    return document_from_bytes(data, source, password=password, verbose=verbose, notify=notify).text
+
+
+def document_from_bytes(
+    data: bytes,
+    source: str | Path,
+    *,
+    password: str | None = None,
+    verbose: bool = False,
+    notify: Callable[[str], None] | None = None,
+) -> Document:
+    """`text_from_bytes`'s text and its places (inputs/places.py): the pages of a PDF or of text
+    with form feeds; the chapters of an EPUB book; the sections under headings of anything else
+    with headings; else the lines of a text file, the paragraphs of a Word file or a web page."""
     stdin = str(source) == STDIN
     label = STDIN_LABEL if stdin else str(source)
     suffix = "" if stdin else url_suffix(str(source)) if is_url(source) else Path(source).suffix.lower()
@@ -110,16 +137,25 @@ def text_from_bytes(
                 kind = None if looks_like_pdf(data) else known_kind(data)
                 if kind is not None:
                     raise ExtractionError(f"{label}: {kind}, not a PDF")
-                text = _pdf_text(_iter_pages(io.BytesIO(data), label, password, notes), label)
+                text, pages = _pdf_text(_iter_pages(io.BytesIO(data), label, password, notes), label)
+                places = aligned(PAGE, pages, text)
             elif looks_like_zip(data) or suffix in ZIPPED_SUFFIXES:
-                text = clean_text(_zipped_text(data, label))
+                chapters = _zipped_text(data, label)
+                text = clean_text("\n\n".join(chapter for _, chapter in chapters))
+                # a book's chapters are its sections, named by their titles (or numbers)
+                places = (aligned(SECTION, [chapter.translate(_TRANSLATE) for _, chapter in chapters], text,
+                                  [title or str(number) for number, (title, _) in enumerate(chapters, start=1)])
+                          if len(chapters) > 1 else sections(text) or paragraphs(text))
             elif suffix in HTML_SUFFIXES or looks_like_html(data):
-                text = clean_text(html_main_text(data, label))
+                text = clean_text(html_main_text(data, label, notes))
+                places = sections(text) or paragraphs(text)
             else:
                 decoded = _decode(data, label, notes)
                 if suffix in MARKDOWN_SUFFIXES:
                     decoded = _markdown_prose(decoded, label)
-                text = clean_text(decoded)
+                text, pages = _clean(decoded)
+                places = (aligned(PAGE, pages, text) if pages is not None
+                          else sections(text) or lines(decoded.translate(_TRANSLATE), text))
     finally:
         for note in notes:  # said even when the input then fails: it may be why
             if notify is None:
@@ -128,18 +164,19 @@ def text_from_bytes(
                 notify(note)
     if not text:
         raise ExtractionError(f"{label}: no text found")
-    return text
+    return Document(text, places)
 
 
-def _zipped_text(data: bytes, label: str) -> str:
-    """An EPUB's or a Word file's text, told apart by what the archive holds."""
+def _zipped_text(data: bytes, label: str) -> list[tuple[str | None, str]]:
+    """An EPUB's chapters (title, text) or a Word file's text (as one untitled chapter), told apart
+    by what the archive holds."""
     if not looks_like_zip(data):
         raise ExtractionError(f"{label}: not a ZIP archive, as EPUB and Word (.docx) files are")
     archive = Archive(data, label)
     if is_epub(archive):
-        return epub_text(archive)
+        return epub_chapters(archive)
     if is_docx(archive):
-        return docx_text(archive)
+        return [(None, docx_text(archive))]
     raise ExtractionError(f"{label}: a ZIP archive, not an EPUB or a Word (.docx) file")
 
 
@@ -367,15 +404,14 @@ def _decrypt(reader: PdfReader, label: str, password: str | None) -> None:
 
 
 
-def _pdf_text(pages: Iterator[str], label: str) -> str:
-    """Hold the pages once (the edge lines need them all), strip furniture in place, reflow."""
+def _pdf_text(pages: Iterator[str], label: str) -> tuple[str, list[str]]:
+    """Hold the pages once (the edge lines need them all), strip furniture in place, reflow; the
+    text and the pages it was made of."""
     page_texts = [_normalise_chars(page.replace("\f", "\n")) for page in pages]
     if not any(page.strip() for page in page_texts):
         raise ExtractionError(f"{label}: the PDF has no text layer (scanned?); OCR is not supported")
     _drop_page_furniture(page_texts)
-    text = _join_pages(page_texts)
-    del page_texts
-    return _finish(_reflow(text))
+    return _finish(_reflow(_join_pages(page_texts))), page_texts
 
 
 # PDFs have no paragraph marks. A step down between baselines, in font sizes, larger than
@@ -586,12 +622,18 @@ _COMPOUND = re.compile(r"(?<![^\W\d_])([^\W\d_]+)-(?=([^\W\d_]+))")
 
 def clean_text(text: str) -> str:
     """Clean any text (the contract of `extract_text`); idempotent. Form feeds are read as page breaks."""
+    return _clean(text)[0]
+
+
+def _clean(text: str) -> tuple[str, list[str] | None]:
+    """`clean_text`'s text, and the pages it was made of where form feeds mark them."""
     text = _normalise_chars(text)
+    pages = None
     if "\f" in text:
         pages = text.split("\f")
         _drop_page_furniture(pages)
         text = _join_pages(pages)
-    return _finish(_reflow(text))
+    return _finish(_reflow(text)), pages
 
 
 def _normalise_chars(text: str) -> str:

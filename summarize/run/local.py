@@ -9,7 +9,8 @@ import time
 from typing import TextIO
 
 from summarize.errors import ModelNotAvailable, SummarizeError
-from summarize.inputs.extract import extract_text
+from summarize.inputs.extract import extract_document
+from summarize.inputs.places import Document
 from summarize.records import Job, Result, Summary
 from summarize.run.outcomes import ModelNotLoaded, failed_result, in_plan_order, settled_before_reading, worth_summarizing, written_result
 from summarize.run.output import print_record, print_summary
@@ -72,7 +73,7 @@ def run(
         return summarizer
 
     results: dict[int, Result] = {}
-    pending: list[tuple[int, Job, str, float]] = []  # read, waiting to be summarized together
+    pending: list[tuple[int, Job, Document, float]] = []  # read, waiting to be summarized together
 
     def finish(index: int, job: Job, result: Result) -> None:
         results[index] = result
@@ -85,7 +86,7 @@ def run(
         except Exception as exc:  # the model could not be loaded: each waiting input fails with it
             outcomes: list[Summary | Exception] = [exc] * len(pending)
         else:
-            outcomes = _summarize_all(summarizer, [(text, job.label) for _, job, text, _ in pending])
+            outcomes = _summarize_all(summarizer, [(document, job.label) for _, job, document, _ in pending])
         for (index, job, _, start), outcome in zip(pending, outcomes):
             finish(index, job, written_result(job, outcome, settings, ui=ui, start=start, force=force))
         pending.clear()
@@ -152,31 +153,33 @@ class StdoutPrinter:
         self.printed += 1
 
 
-def _summarize_all(summarizer: DocumentSummarizer, documents: list[tuple[str, str]]) -> list[Summary | Exception]:
-    """Each (text, name)'s summary or the exception it raised."""
+def _summarize_all(summarizer: DocumentSummarizer, documents: list[tuple[Document, str]]) -> list[Summary | Exception]:
+    """Each (document, name)'s summary or the exception it raised."""
     if len(documents) > 1:
         try:
-            return summarizer.summarize_documents(documents)
+            return summarizer.summarize_documents([(document.text, name) for document, name in documents],
+                                                  [document.places for document, _ in documents])
         except Exception as exc:  # the batch as a whole failed: every document in it did
             return [exc] * len(documents)
     outcomes: list[Summary | Exception] = []
-    for text, name in documents:
+    for document, name in documents:
         try:
-            outcomes.append(summarizer.summarize(text, name=name))
+            outcomes.append(summarizer.summarize(document.text, name=name, places=document.places))
         except Exception as exc:  # one input's failure, whatever it is, must not end the run
             outcomes.append(exc)
     return outcomes
 
 
-def _read(job: Job, settings: Settings, *, ui: Reporter, force: bool, start: float) -> str | Result:
-    """The job's text, or its Result when it ends here (skipped, or failed to read)."""
+def _read(job: Job, settings: Settings, *, ui: Reporter, force: bool, start: float) -> Document | Result:
+    """The job's document, or its Result when it ends here (skipped, or failed to read)."""
     try:
         settled = settled_before_reading(job, settings, force=force)
         if settled is not None:
             return settled
-        text = extract_text(job.input, password=settings.password, verbose=settings.verbose, notify=ui.note,
-                            max_bytes=settings.max_input_size)
-        return worth_summarizing(text)
+        document = extract_document(job.input, password=settings.password, verbose=settings.verbose, notify=ui.note,
+                                    max_bytes=settings.max_input_size)
+        worth_summarizing(document.text)
+        return document
     except Exception as exc:  # one input's failure, whatever it is, must not end the run
         return failed_result(job, exc, ui=ui, start=start)
 

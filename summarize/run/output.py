@@ -84,8 +84,8 @@ def write_all(out: TextIO, text: str) -> None:
 
 def _record(job: Job, result: Result) -> dict:
     """Every record has `input` and `ok`; then `summary`, `words`, `method`, `seconds`, the
-    method's extras and `output` for a summary; `skipped` and `output` for an up-to-date output;
-    `error` for a failure."""
+    method's extras, `output` and `sources` (where each sentence comes from) for a summary;
+    `skipped` and `output` for an up-to-date output; `error` for a failure."""
     record: dict = {"input": job.input}
     if result.status == "failed":
         return record | {"error": result.reason, "ok": False}
@@ -103,6 +103,7 @@ def _record(job: Job, result: Result) -> dict:
         record["output"] = str(job.output)
     for key, value in summary.extra.items():
         record.setdefault(key, value)
+    record["sources"] = [source.record(index) for index, source in enumerate(summary.sources)]
     record.setdefault("ok", True)
     return record
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from summarize.inputs.places import Places
 from summarize.records import Summary
 
 
@@ -18,12 +19,15 @@ class DocumentSummarizer(Protocol):
         """How many documents to hand to `summarize_documents` at once."""
         ...
 
-    def summarize(self, text: str, *, name: str) -> Summary:
-        """Summarize `text` (read from input `name`) or raise SummarizeError."""
+    def summarize(self, text: str, *, name: str, places: Places | None = None) -> Summary:
+        """Summarize `text` (read from input `name`, its parts from `places`: None finds them in
+        the text itself) or raise SummarizeError."""
         ...
 
-    def summarize_documents(self, documents: list[tuple[str, str]]) -> list[Summary | Exception]:
-        """Summaries of (text, name) documents, in order; a document's failure in its place."""
+    def summarize_documents(self, documents: list[tuple[str, str]],
+                            places: list[Places | None] | None = None) -> list[Summary | Exception]:
+        """Summaries of (text, name) documents (their places, one each), in order; a document's
+        failure in its place."""
         ...
 
     def close(self) -> None:

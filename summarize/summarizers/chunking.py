@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from summarize.inputs.places import Places
 from summarize.inputs.words import CJK_CHARS, count_words, sentence_spans
 from summarize.settings import MAP_REDUCE, STRATEGIES, STREAM
 
@@ -22,7 +23,8 @@ _TOKEN = re.compile(f"[{CJK_CHARS}]|[^\\s{CJK_CHARS}]+")
 class Chunk:
     """One window of the document.
 
-    ``sentences`` indexes the document's sentence list (``split_sentences(text)``);
+    ``sentences`` indexes the document's sentence list (``split_sentences(text)``), ``places`` the
+    document's places (its pages, sections or lines, inputs/places.py) that the chunk covers;
     ``resets_state`` says whether the engine restores the post-prefix snapshot before it.
     """
 
@@ -31,6 +33,7 @@ class Chunk:
     resets_state: bool
     sentences: range
     size: int
+    places: range = range(0)
 
     @property
     def marked_text(self) -> str:
@@ -56,8 +59,10 @@ def chunk_text(
     overlap: int,
     count: Callable[[str], int] | None = None,
     strategy: str = MAP_REDUCE,
+    places: Places | None = None,
 ) -> list[Chunk]:
-    """Split ``text`` into chunks of at most ``chunk_size`` units (as measured by ``count``).
+    """Split ``text`` into chunks of at most ``chunk_size`` units (as measured by ``count``), each
+    knowing which of ``places`` it covers.
 
     Consecutive chunks share trailing sentences worth at most ``overlap`` units (fewer when
     more would leave no room for new text). ``"map-reduce"``: every chunk resets the state.
@@ -108,6 +113,7 @@ def chunk_text(
                 resets_state=strategy == MAP_REDUCE or not chunks,
                 sentences=range(first.sentence, last.sentence + 1),
                 size=prefix[end] - prefix[start],
+                places=range(0) if places is None else places.covering(text, first.start, last.end),
             )
         )
         if end == len(units):

@@ -6,10 +6,13 @@ import time
 import unicodedata
 
 from summarize.errors import SummarizeError
+from summarize.inputs.places import Places, text_places
 from summarize.inputs.words import count_words
 from summarize.records import Summary
-from summarize.settings import Settings
-from summarize.summarizers.extractive_selection import extractive_summary
+from summarize.settings import PROSE, Settings
+from summarize.summarizers.citations import sentence_passages, sources, with_citations
+from summarize.summarizers.extractive_selection import extractive_sentences, extractive_summary
+from summarize.summarizers.layout import first_heading, lay_out
 
 # Scripts written without spaces (Thai, Lao, Khmer), emoji and one endless "word" count as one word
 # per run: the cap on -n holds in characters too, at this many a word (English averages six).
@@ -49,25 +52,44 @@ class ExtractiveSummarizer:
 
     def __init__(self, settings: Settings):
         self.words = settings.words
+        self.form = settings.format
+        self.cite = settings.cite
 
-    def summarize(self, text: str, *, name: str) -> Summary:
+    def summarize(self, text: str, *, name: str, places: Places | None = None) -> Summary:
         start = time.perf_counter()
-        summary = cap_characters(extractive_summary(text, self.words), self.words)
+        summary = cap_characters(extractive_summary(text, self.words) if self.form == PROSE else self._listed(text),
+                                 self.words)
         if not summary.strip():
             raise SummarizeError(f"{name}: no sentence fits in {self.words} words")
+        places = places or text_places(text)
+        # it quotes the document's sentences: each is found among them
+        found = sources(summary, sentence_passages(text, places), places)
         return Summary(
-            text=summary,
+            text=with_citations(summary, found) if self.cite else summary,
             words=count_words(summary),
             method=self.method,
             input=name,
             seconds=time.perf_counter() - start,
+            sources=found,
         )
 
-    def summarize_documents(self, documents: list[tuple[str, str]]) -> list[Summary | Exception]:
+    def _listed(self, text: str) -> str:
+        """The chosen sentences as a list of points (under the document's first heading in
+        Markdown), chosen again for fewer words while the list's marks take it over -n."""
+        budget, heading = self.words, first_heading(text)
+        while True:
+            points = extractive_sentences(text, budget)[0]
+            over = count_words(lay_out(points, self.form, None, heading=heading)) - self.words  # the marks, the heading
+            if over <= 0 or budget == 1:
+                return lay_out(points, self.form, self.words, heading=heading)
+            budget = max(1, budget - over)
+
+    def summarize_documents(self, documents: list[tuple[str, str]],
+                            places: list[Places | None] | None = None) -> list[Summary | Exception]:
         results: list[Summary | Exception] = []
-        for text, name in documents:
+        for (text, name), where in zip(documents, places or [None] * len(documents)):
             try:
-                results.append(self.summarize(text, name=name))
+                results.append(self.summarize(text, name=name, places=where))
             except SummarizeError as exc:
                 results.append(exc)
         return results

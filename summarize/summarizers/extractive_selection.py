@@ -56,14 +56,20 @@ STOPWORDS = frozenset(
 
 
 def extractive_summary(text: str, max_words: int) -> str:
-    """A summary of at most ``max_words`` words made of whole sentences of ``text``.
+    """The chosen sentences (`extractive_sentences`) as one paragraph, or paragraph by paragraph."""
+    return _join(*extractive_sentences(text, max_words))
 
-    A document of at most ``max_words`` words comes back whole (whitespace normalised, a blank
-    line between paragraphs). Otherwise the best-ranked sentences that fit are chosen, greedily,
-    until the budget is used (at least ``MIN_FILL`` of it when the sentences allow), and printed
-    in document order: on one line, or paragraph by paragraph when they are nearly the whole
-    document. Headings are never chosen. Returns "" when no sentence fits in ``max_words``: the
-    caller decides what that means (the CLI reports an error). Deterministic.
+
+def extractive_sentences(text: str, max_words: int) -> tuple[list[str], list[int] | None]:
+    """The sentences of ``text`` that make a summary of at most ``max_words`` words, in document
+    order, and their paragraphs where they are to keep them (None: one paragraph).
+
+    A document of at most ``max_words`` words comes back whole (whitespace normalised, its
+    paragraphs kept). Otherwise the best-ranked sentences that fit are chosen, greedily, until
+    the budget is used (at least ``MIN_FILL`` of it when the sentences allow); they keep their
+    paragraphs when they are nearly the whole document. Headings are never chosen. No sentence
+    when none fits in ``max_words``: the caller decides what that means (the CLI reports an
+    error). Deterministic.
 
     A run with no sentence end (a line without punctuation, Chinese without 。), or one far too
     long to be a sentence, is cut into clause segments (see :func:`_segments`), so that text
@@ -78,13 +84,13 @@ def extractive_summary(text: str, max_words: int) -> str:
     """
     spans = sentence_spans(text)
     if not spans or max_words <= 0:
-        return ""
+        return [], None
     paragraphs = _paragraph_numbers(text, spans)
     # Whitespace normalised, list bullets and heading marks dropped: the summary is prose.
     sentences = [_prose(text, s, e) for s, e in spans]
     words = [count_words(s) for s in sentences]
     if sum(words) <= max_words:
-        return _join(sentences, paragraphs)
+        return sentences, paragraphs
 
     headings = _headings(text, spans, paragraphs, words)
     sentences, paragraphs, words, headings, fragments = _segments(
@@ -100,7 +106,7 @@ def extractive_summary(text: str, max_words: int) -> str:
     if not picked:  # only junk fits: take the first such sentence (no heading, no stub of a run)
         picked = next(([i] for i in range(n) if words[i] <= max_words and not (headings[i] or fragments[i])), [])
     nearly_whole = sum(words[i] for i in picked) >= NEARLY_WHOLE * sum(words)
-    return _join([sentences[i] for i in picked], [paragraphs[i] for i in picked] if nearly_whole else None)
+    return [sentences[i] for i in picked], [paragraphs[i] for i in picked] if nearly_whole else None
 
 
 def _choose(sentences: list[str], words: list[int], leads: list[bool], candidates: list[int], max_words: int) -> list[int]:
@@ -193,22 +199,23 @@ def _is_junk(sentence: str, words: int, *, fragment: bool = False) -> bool:
     return letters < MIN_LETTER_RATIO * (len(sentence) - sentence.count(" "))
 
 
-def _terms(sentence: str) -> list[str]:
-    terms = []
+def terms(sentence: str) -> list[str]:
+    """The terms a sentence is compared by: words less stopwords, plurals folded; CJK characters and their bigrams."""
+    found = []
     for run in _TERM.findall(sentence.lower()):
         if _CJK_CHAR.match(run):
-            terms.extend(run)
-            terms.extend(run[k : k + 2] for k in range(len(run) - 1))
+            found.extend(run)
+            found.extend(run[k : k + 2] for k in range(len(run) - 1))
         elif len(run) > 1 and run not in STOPWORDS:
             # Plural folding is all the stemming a similarity graph needs.
             plural = len(run) > 3 and run.endswith("s") and not run.endswith("ss")
-            terms.append(run[:-1] if plural else run)
-    return terms
+            found.append(run[:-1] if plural else run)
+    return found
 
 
 def _tfidf(sentences: list[str]) -> list[dict[str, float]]:
     """Unit-length TF-IDF vectors (sublinear tf, smoothed idf); empty dict for no terms."""
-    counts = [Counter(_terms(s)) for s in sentences]
+    counts = [Counter(terms(s)) for s in sentences]
     df = Counter(t for c in counts for t in c)
     n = len(sentences)
     idf = {t: math.log((1 + n) / (1 + d)) + 1 for t, d in df.items()}

@@ -12,6 +12,7 @@ from summarize.diagnostics.log import DiagnosticsLog
 from summarize.settings import Settings
 from summarize.summarizers.base import DocumentSummarizer
 from summarize.summarizers.extractive import ExtractiveSummarizer
+from summarize.summarizers.prompts import language_sentence
 from summarize.ui.reporter import Reporter
 
 # owner/name, or owner/name:QUANT for a GGUF file on the hub: found (or not) only by asking the hub
@@ -38,8 +39,10 @@ def make_summarizer(settings: Settings, ui: Reporter) -> DocumentSummarizer:
     `settings.model_fallback` allows it: the user is told in one line and gets the extractive
     summary; else ModelNotAvailable is raised. The caller closes what it returns.
     """
+    language_sentence(settings.language)  # a language that is no name fails before anything loads
     extractive = ExtractiveSummarizer(settings)
     if settings.extractive:
+        _say_it_cannot_translate(settings, ui)
         return extractive
     # Imported on first need: the engine takes seconds to import (torch with it), and --help or
     # an extractive run never needs it.
@@ -54,6 +57,7 @@ def make_summarizer(settings: Settings, ui: Reporter) -> DocumentSummarizer:
         if not settings.model_fallback:
             raise
         ui.note(f"{exc}; writing an extractive summary instead")
+        _say_it_cannot_translate(settings, ui)
         return extractive
     with ExitStack() as on_failure:
         diagnostics = None
@@ -64,6 +68,9 @@ def make_summarizer(settings: Settings, ui: Reporter) -> DocumentSummarizer:
             session,
             words=settings.words,
             focus=settings.focus,
+            language=settings.language,
+            form=settings.format,
+            cite=settings.cite,
             strategy=settings.strategy,
             chunk_tokens=settings.chunk_tokens,
             overlap=settings.overlap,
@@ -77,3 +84,10 @@ def make_summarizer(settings: Settings, ui: Reporter) -> DocumentSummarizer:
         )
         on_failure.pop_all()  # made: the summarizer owns the log now, and closes it
     return summarizer
+
+
+def _say_it_cannot_translate(settings: Settings, ui: Reporter) -> None:
+    """--language with the extractive summary: said once, and the run goes on in the document's language."""
+    if settings.language:
+        ui.note(f"--language {' '.join(settings.language.split())}: the extractive summary quotes the document "
+                "and cannot translate it; it stays in the document's language")

@@ -13,13 +13,16 @@ from summarize.diagnostics.log import DiagnosticsLog
 from summarize.engine.diagnostics import SpanReport
 from summarize.engine.generation.generate import generate_batch
 from summarize.errors import SummarizeError
-from summarize.inputs.words import count_words, trim_to_words
+from summarize.inputs.places import Places, text_places
+from summarize.inputs.words import count_words
 from summarize.records import ModelProgress, Summary
-from summarize.settings import DEFAULT_BATCH_MEMORY, DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, MAP_REDUCE, STREAM
+from summarize.settings import DEFAULT_BATCH_MEMORY, DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, MAP_REDUCE, PROSE, STREAM
 from summarize.summarizers.base import DocumentSummarizer
 from summarize.summarizers.chunking import Chunk, chunk_text
+from summarize.summarizers.citations import Passage, sources, with_citations
 from summarize.summarizers.map_rows import map_batch_size
 from summarize.summarizers.prompts import (
+    FORM_SENTENCES,
     MAP_INSTRUCTION,
     MAP_QUESTION,
     REDUCE_PROMPT,
@@ -28,6 +31,8 @@ from summarize.summarizers.prompts import (
     STREAM_QUESTION,
     clean_output,
     focus_sentence,
+    language_sentence,
+    summary_from_answer,
 )
 from summarize.summarizers.read_cache import ReadCache
 from summarize.summarizers.session import ModelSession
@@ -66,6 +71,7 @@ class _Document:
 
     name: str
     text: str
+    places: Places
     chunks: list[Chunk]
     progress: ModelProgress
     start: float
@@ -96,6 +102,9 @@ class ModelSummarizer:
         *,
         words: int,
         focus: str | None = None,
+        language: str | None = None,
+        form: str = PROSE,
+        cite: bool = False,
         strategy: str = MAP_REDUCE,
         chunk_tokens: int | None = None,
         overlap: int | None = None,
@@ -109,7 +118,10 @@ class ModelSummarizer:
     ) -> None:
         self.s = session
         self.words = words
-        self.focus = focus_sentence(focus)  # the instruction's sentence, "" without a focus
+        self.form = form
+        self.cite = cite
+        # what the final prompts say of --focus, --format and --language
+        self.asks = {"focus": focus_sentence(focus), "form": FORM_SENTENCES[form], "language": language_sentence(language)}
         self.strategy = strategy
         self.chunk_tokens = chunk_tokens or DEFAULT_CHUNK_TOKENS
         self.overlap = DEFAULT_OVERLAP if overlap is None else overlap
@@ -132,24 +144,26 @@ class ModelSummarizer:
         """How many documents to hand to `summarize_documents` at once: their decodes share batches."""
         return self.map_batch if self.strategy == MAP_REDUCE else 1
 
-    def summarize(self, text: str, *, name: str) -> Summary:
-        (result,) = self.summarize_documents([(text, name)])
+    def summarize(self, text: str, *, name: str, places: Places | None = None) -> Summary:
+        (result,) = self.summarize_documents([(text, name)], [places])
         if isinstance(result, Exception):
             raise result
         return result
 
-    def summarize_documents(self, documents: list[tuple[str, str]]) -> list[Summary | Exception]:
+    def summarize_documents(self, documents: list[tuple[str, str]],
+                            places: list[Places | None] | None = None) -> list[Summary | Exception]:
         """Summaries of several (text, name) documents, in order; a document's failure is returned
-        in its place as the exception.
+        in its place as the exception. `places`, one per document, are where their parts came
+        from (None: found in the text itself, `text_places`).
 
         In map-reduce the documents go through each stage together: the instruction prefix is
         prefilled once for all of them of one notes budget, their chunks' notes are decoded in
         shared batches, and so are their final summaries. Stream reads one document after another.
         """
         docs: list[_Document | Exception] = []
-        for text, name in documents:
+        for (text, name), where in zip(documents, places or [None] * len(documents)):
             try:
-                docs.append(self._open(text, name))
+                docs.append(self._open(text, name, where))
             except SummarizeError as exc:
                 docs.append(exc)
         live = [d for d in docs if isinstance(d, _Document)]
@@ -179,29 +193,36 @@ class ModelSummarizer:
             self.diagnostics.close()
             self.diagnostics = None
 
-    def _open(self, text: str, name: str) -> _Document:
-        chunks = chunk_text(text, chunk_size=self.chunk_tokens, overlap=self.overlap, count=self.s.tokenizer.count, strategy=self.strategy)
+    def _open(self, text: str, name: str, places: Places | None = None) -> _Document:
+        places = places or text_places(text)
+        chunks = chunk_text(text, chunk_size=self.chunk_tokens, overlap=self.overlap, count=self.s.tokenizer.count,
+                            strategy=self.strategy, places=places)
         if not chunks:
             raise SummarizeError(f"{name}: no text to summarize")
         counters = {"prefix_prefills": 0, "restores": 0, "tokens_in": 0, "tokens_out": 0, "draft_tokens": 0, "accepted_tokens": 0,
                     "cached_chunks": 0}
         counters |= {f"{phase}_s": 0.0 for phase in PHASES}
         progress = ModelProgress(input=name, chunks=len(chunks), counters=counters)
-        return _Document(name, text, chunks, progress, time.perf_counter(), notes_words=notes_words(self.words, len(chunks)))
+        return _Document(name, text, places, chunks, progress, time.perf_counter(),
+                         notes_words=notes_words(self.words, len(chunks)))
 
     def _summary(self, doc: _Document) -> Summary:
         counters = doc.progress.counters
         if not doc.summary and self.fallback is not None:
-            self.notify(f"{doc.name}: the model wrote no usable summary; writing an extractive one instead")
-            summary = self.fallback.summarize(doc.text, name=doc.name)
+            untranslated = ", in the document's language" if self.asks["language"] else ""
+            self.notify(f"{doc.name}: the model wrote no usable summary; writing an extractive one instead{untranslated}")
+            summary = self.fallback.summarize(doc.text, name=doc.name, places=doc.places)
             # what the model read and wrote before its answer was found unusable
             summary.extra |= {key: counters[key] for key in ("tokens_in", "tokens_out", "draft_tokens", "accepted_tokens", "cached_chunks")}
             summary.extra["phase_seconds"] = self._phase_seconds(counters)
             return summary
         if not doc.summary:
             raise SummarizeError(f"{doc.name}: the model wrote no usable summary")
+        # a sentence comes from the chunks it was written from: their text and the notes on them
+        passages = [Passage(f"{chunk.text}\n\n{doc.chunk_notes.get(chunk.index, '')}", chunk.places) for chunk in doc.chunks]
+        found = sources(doc.summary, passages, doc.places)
         return Summary(
-            text=doc.summary,
+            text=with_citations(doc.summary, found) if self.cite else doc.summary,
             words=count_words(doc.summary),
             method=self.method,
             input=doc.name,
@@ -219,6 +240,7 @@ class ModelSummarizer:
                 "accepted_tokens": counters["accepted_tokens"],
                 "phase_seconds": self._phase_seconds(counters),
             },
+            sources=found,
         )
 
     # -- map-reduce ----------------------------------------------------------------------------
@@ -295,11 +317,11 @@ class ModelSummarizer:
             self.progress = doc.progress
             if len(doc.chunks) == 1:  # a document that fits one window is summarized directly
                 self._cap_words(doc, doc.chunks[0].text, "the document has")
-                text = SINGLE_INSTRUCTION.format(words=doc.words, focus=self.focus) + doc.chunks[0].text
+                text = SINGLE_INSTRUCTION.format(words=doc.words, **self.asks) + doc.chunks[0].text
             elif doc.notes:
                 notes = "\n\n".join(self._merge(doc.notes, doc.notes_words * 2))
                 self._cap_words(doc, notes, "its notes have")
-                text = REDUCE_PROMPT.format(words=doc.words, focus=self.focus, notes=notes)
+                text = REDUCE_PROMPT.format(words=doc.words, notes=notes, **self.asks)
             else:  # no chunk gave usable notes: nothing to summarize from (the fallback takes over)
                 continue
             pairs.append((doc, tok.chat_prompt_ids(text)))
@@ -312,7 +334,7 @@ class ModelSummarizer:
             words = max(doc.words for doc, _ in group)  # the rows share one decode loop
             generations = self._generate(states, words, [p for _, p in group], [(doc, None) for doc, _ in group])
             for (doc, _), generation in zip(group, generations):
-                doc.summary = trim_to_words(clean_output(generation.text), doc.words)
+                doc.summary = summary_from_answer(generation.text, self.form, doc.words)
         for doc, prompt in pairs:
             if count_words(doc.summary) == 0 and self.s.sampling.temperature != 0:  # greedy would repeat itself
                 self.progress = doc.progress
@@ -341,8 +363,9 @@ class ModelSummarizer:
             if len(groups) == len(notes):  # every note alone fills a window: keep what fits
                 return notes[:1]
             merged = []
-            for group in groups:  # -n and --focus are not in a merge: it is kept as chunks' notes are
-                prompt = tok.chat_prompt_ids(REDUCE_PROMPT.format(words=words, focus="", notes="\n\n".join(group)))
+            for group in groups:  # -n, --focus, --format and --language are not in a merge: it is kept as chunks' notes are
+                prompt = tok.chat_prompt_ids(REDUCE_PROMPT.format(words=words, focus="", form=FORM_SENTENCES[PROSE], language="",
+                                                                  notes="\n\n".join(group)))
                 key = None if self.cache is None else self.cache.notes_key(prompt, self.s.sampling, token_budget(words))
                 note = None if key is None else self.cache.notes(key)
                 if note is None:
@@ -379,7 +402,7 @@ class ModelSummarizer:
         def ask():
             state.restore(after_document)
             self._phase(None, "prefill")
-            self._prefill(tok.chat_suffix_ids("", STREAM_QUESTION.format(words=doc.words, focus=self.focus)), state)
+            self._prefill(tok.chat_suffix_ids("", STREAM_QUESTION.format(words=doc.words, **self.asks)), state)
             return state
 
         return self._final(ask, doc.words, read)
@@ -408,7 +431,7 @@ class ModelSummarizer:
         for _ in range(attempts):
             state = start()
             self._phase(None, "decode")
-            text = trim_to_words(clean_output(self._generate([state], words, [context])[0].text), words)
+            text = summary_from_answer(self._generate([state], words, [context])[0].text, self.form, words)
             if count_words(text) > 0:
                 return text
             if self.s.sampling.temperature == 0:
