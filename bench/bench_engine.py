@@ -44,8 +44,9 @@ Method
 - RWKV-6 (`--shape mobius`, Mobius's 12B shape, written by random_checkpoint.build_rwkv6): our
   engine alone (transformers runs RWKV-6 only through a repository's own code); the
   notes give the state's bytes per sequence, the same for every length.
-- GGUF (--ours-gguf KIND=FILE): our engine loading that file, bf16 activations (Q8_0 projections
-  as int8 rows, other quantized kinds widened to bf16: docs/design.md §9); our rows only, beside
+- GGUF (--ours-gguf KIND=FILE): our engine loading that file, bf16 activations (projections in the
+  file's own codes and group scales where a kernel takes them, the rest widened to bf16:
+  docs/design.md §9); our rows only, beside
   llama.cpp on the same file with --llama-bench. No diagnostics rows for them.
 - Loading: the peak RSS while `load_model` reads the weights (steps compiled only afterwards, as it
   does), over the RSS before it, against the weight bytes it keeps; and its wall time.

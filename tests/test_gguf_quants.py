@@ -1,5 +1,5 @@
-"""GGML's block formats decoded in torch equal gguf-py's reference decoders, block for block, and
-Q8_0 read as per-row int8 stays within half a row's step of its values.
+"""GGML's block formats decoded in torch equal gguf-py's reference decoders, block for block (the
+compact forms of Q4_0, Q4_1, Q4_K, Q8_0 and Q6_K against these decoders: tests/test_gguf_compact.py).
 
 Blocks are random bytes (scales included, so a few are NaN or infinite: both sides must agree on
 those too); a second set has finite scales, so that the comparison is not carried by NaNs.
@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from summarize.engine.ops.linear import INT8_MAX, quantize_rows
 from summarize.engine.weights.gguf_quants import GGML_TYPES, GGUF_PY_KINDS, dequantize
 from summarize.errors import SummarizeError
 
@@ -76,20 +75,3 @@ def test_the_other_kinds_go_through_gguf_py(name):
 def test_a_kind_that_holds_no_weights_is_refused():
     with pytest.raises(SummarizeError, match="Q8_K"):
         dequantize(kind("Q8_K"), torch.zeros(1, kind("Q8_K").nbytes, dtype=torch.uint8))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_q8_0_as_int8_rows_is_within_half_a_step(dtype):
-    """Q8_0 keeps one scale per 32 values; the int8 kernel one per row: values are requantized to
-    the row's scale (its largest block scale), so each moves by at most half of that step."""
-    rng = np.random.default_rng(5)
-    weights = (rng.standard_normal((48, 1024)) * rng.uniform(0.01, 1, (48, 32)).repeat(32, 1)).astype(np.float32)
-    blocks = gguf.quants.quantize(weights, gguf.GGMLQuantizationType.Q8_0).reshape(-1, 34)  # as llama.cpp writes them
-    values = dequantize(kind("Q8_0"), torch.tensor(blocks)).reshape(weights.shape)
-    int8, scale = quantize_rows(values.clone(), dtype)
-    step = scale.float()[:, None]
-    assert int8.dtype == torch.int8 and int8.abs().max() <= INT8_MAX
-    assert ((int8.float() * step - values).abs() <= step / 2 * 1.0001).all()
-    # the row's step is its largest block's, as fp16 and then `dtype` round it
-    block_scale = torch.tensor(blocks[:, :2].copy().view(np.float16).astype(np.float32)).reshape(48, 32)
-    assert torch.allclose(step[:, 0], block_scale.amax(1), rtol=2 ** -7)

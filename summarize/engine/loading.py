@@ -293,9 +293,9 @@ def load_model(
 def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype, quantize: str | None):
     """A model from a GGUF file: config, weights (and, later, the tokenizer) all from the file.
 
-    Its Q8_0 projections stay int8 where the family keeps int8 weights; what had to be widened to
-    `dtype` is said in `model.load_notes`."""
-    file = GGUFFile(path)
+    Its projections keep the file's own codes and group scales where a kernel takes them (int4 on
+    the CPU; int8 groups); what had to be widened to `dtype` is said in `model.load_notes`."""
+    file = GGUFFile(path, int4=device.type == "cpu")
     family = family_for_gguf_arch(file.architecture)
     if family is None:
         raise SummarizeError(f"{path}: architecture {file.architecture!r} is not supported "

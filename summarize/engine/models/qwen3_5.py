@@ -24,7 +24,7 @@ from summarize.engine.models.family import Family
 from summarize.engine.ops.attention import apply_rotary, attend
 from summarize.engine.ops.causal_conv import causal_conv_silu
 from summarize.engine.ops.gated_delta_rule import GATED_DELTA_RULE
-from summarize.engine.ops.linear import QUANTIZATIONS, Int8Rows, Projection, quantized
+from summarize.engine.ops.linear import QUANTIZATIONS, Int4Groups, Int8Groups, Projection, quantized
 from summarize.engine.state import KVCache, LayerState, RecurrentLayerState, State
 from summarize.engine.tokenizers.tokenizer import load_hub_tokenizer
 from summarize.errors import SummarizeError
@@ -225,8 +225,8 @@ def layer_shapes(cfg: Qwen35Config, p: str, kind: str, fused_experts: bool) -> d
     return shapes
 
 
-# name -> tensor on the target device, in the target dtype (a projection may come as int8 rows: a GGUF file's Q8_0)
-Take = Callable[[str], Tensor | Int8Rows]
+# name -> tensor on the target device, in the target dtype (a projection may come grouped: a GGUF file's Q8_0, Q4_K, ...)
+Take = Callable[[str], Tensor | Int8Groups | Int4Groups]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -565,7 +565,7 @@ def build(config: dict, checkpoint, *, device: torch.device, dtype: torch.dtype,
     if with_mtp:
         shapes |= head
 
-    def take(name: str) -> Tensor | Int8Rows:
+    def take(name: str) -> Tensor | Int8Groups | Int4Groups:
         full = name if name == "lm_head.weight" or name.startswith("mtp.") else prefix + name
         tensor = checkpoint.read(full)
         if tuple(tensor.shape) != shapes[name]:

@@ -137,7 +137,7 @@ def _table(file: GGUFFile, config: dict) -> dict[str, Source]:
             weight = parts[0] if rows is None else take_rows(parts[0], rows)
             return weight if columns is None else take_columns(weight, columns)
 
-        return Source((tensor,), (shape,), shape, make, int8=True)
+        return Source((tensor,), (shape,), shape, make, form=file.form_of([tensor], columns=columns))
 
     def norm(tensor: str, size: int) -> Source:  # stored as 1 + w
         return Source((tensor,), ((size,),), (size,), lambda parts: parts[0] - 1.0, fp32=True)
@@ -177,7 +177,7 @@ def _table(file: GGUFFile, config: dict) -> dict[str, Source]:
                 a + "k_norm.weight": norm(b + "attn_k_norm.weight", d),
             }
         table |= _mlp(file, config, b, p + "mlp.", projection)
-    return _int8_only_together(file, table, config)
+    return _one_form_together(file, table, config)
 
 
 # Projections `qwen3_5` stacks into one matrix (GatedDeltaNet, GatedAttention, MLP): one form for all
@@ -188,18 +188,18 @@ FUSED = (("linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight"),
          ("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight"))
 
 
-def _int8_only_together(file: GGUFFile, table: dict[str, Source], config: dict) -> dict[str, Source]:
-    """Projections stacked into one matrix stay int8 only if all of them are Q8_0 in the file: a
-    mix is widened, and a Q8_0 part is then read exactly rather than through int8 rows."""
+def _one_form_together(file: GGUFFile, table: dict[str, Source], config: dict) -> dict[str, Source]:
+    """Projections stacked into one matrix share one form: the widest any part needs
+    (`GGUFFile.form_of`: int4 if every part is a 4-bit kind and the stack fits the int4 kernel,
+    int8 groups if every part is Q8_0, Q6_K or Q4_0, else all read into the dtype)."""
     for i in range(config["num_hidden_layers"]):
         for group in FUSED:
             names = [f"layers.{i}.{name}" for name in group]
             if not all(name in table for name in names):
                 continue
-            kinds = {getattr(file.tensors.get(table[name].tensors[0]), "kind", None) for name in names}
-            if {getattr(kind, "name", None) for kind in kinds} != {"Q8_0"}:
-                for name in names:
-                    table[name] = dataclasses.replace(table[name], int8=False)
+            form = file.form_of([table[name].tensors[0] for name in names])
+            for name in names:
+                table[name] = dataclasses.replace(table[name], form=form)
     return table
 
 

@@ -64,6 +64,9 @@ PACKED_ROWS = 64  # rows of a timed weight are a multiple of this (torch's int4 
 # (tests/test_linear.py) and a product that reads x in bf16 (tests/test_quantize.py)
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
 WIDEN_BLOCKS = (512, 1024, 2048, 4096)  # int8 rows widened at a time, fp32
+# Forms whose products no race decides: bf16 (no field decides them), int8 groups (torch's int8
+# kernel takes no group scales; their widening block is the one timed on per-row int8)
+UNTIMED = ("bfloat16", "int8 groups")
 
 Product = Callable[[Tensor, Projection], Tensor]  # x [rows, K], a projection → [rows, N]
 # rows, candidates, deadline (on `time.perf_counter`) → seconds each; None: the deadline came first
@@ -97,8 +100,8 @@ def calibrate_model(model, dtype: torch.dtype, announce: Callable[[str | None], 
     key = table_key(shapes, dtype, compiles)
     table = read_table(key)
     if table is None:
-        # a bf16 model times nothing (no field decides its products): nothing to announce
-        announcing = announce is not None and any(form != "bfloat16" for form, _, _ in shapes)
+        # a model of untimed forms times nothing: nothing to announce
+        announcing = announce is not None and any(form not in UNTIMED for form, _, _ in shapes)
         if announcing:
             announce(f"timing this CPU's kernels for the model (once per machine; {ENV}=0 skips it)")
         try:
@@ -116,14 +119,20 @@ def calibrate_model(model, dtype: torch.dtype, announce: Callable[[str | None], 
 
 
 def model_shapes(model) -> Counter[tuple[str, int, int]]:
-    """(form, N, K) of each projection in `model` → how many there are. form: "int4", "int8" or
-    the weight's dtype ("float32", "bfloat16")."""
+    """(form, N, K) of each projection in `model` → how many there are. form: "int4", "int8" (a
+    scale per row), "int8 groups" (a scale per group of input channels: a GGUF file's) or the
+    weight's dtype ("float32", "bfloat16")."""
     shapes: Counter[tuple[str, int, int]] = Counter()
     for part in model.modules():
         if isinstance(part, Projection):
             N, K = part.weight.shape
-            int4, int8 = part.scale_and_zero is not None, part.scale is not None
-            form = "int4" if int4 else "int8" if int8 else str(part.weight.dtype).removeprefix("torch.")
+            int4 = part.scale_and_zero is not None
+            if int4:
+                form = "int4"
+            elif part.scale is not None:
+                form = "int8 groups" if part.scale.dim() == 2 else "int8"
+            else:
+                form = str(part.weight.dtype).removeprefix("torch.")
             shapes[form, N, K * 2 if int4 else K] += 1
     return shapes
 
@@ -166,7 +175,7 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
     for (form, n, k), count in shapes.items():
         held[form] += n * k * count
     for form, _ in held.most_common():
-        if form == "bfloat16":  # no field decides a bf16 product
+        if form in UNTIMED:
             continue
         weights = timed_weights(shapes, form, dtype)
         if not weights:

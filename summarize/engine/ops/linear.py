@@ -9,17 +9,18 @@ In bf16, inside `torch.compile`, for one or two input rows, it is a multiply-and
 input dimension that inductor turns into one pass over the weight rows: torch's bf16 GEMM is built
 for many rows and reads the weights slowly for one. With more rows, or eagerly, it is torch's GEMM.
 
-`Projection` holds one weight matrix: in the model's dtype, as int8 with one scale per output row,
-or as int4 with a scale and a zero per group of input channels (weight-only quantization:
-activations stay in the model's dtype). int4 runs on torch's CPU int4 kernel for a few rows, which
-reads half a byte per weight; with more rows than the policy gives it, it dequantizes and calls the
-GEMM.
-`Int8Rows` is the int8 form on its own, as a weight file that is already quantized (GGUF's Q8_0)
-hands it over.
+`Projection` holds one weight matrix: in the model's dtype, as int8 with one scale per output row
+(`--quantize int8`) or per group of input channels (a GGUF file's Q8_0 and Q6_K), or as int4 with a
+scale and a zero per group of input channels (weight-only quantization: activations stay in the
+model's dtype). int4 runs on torch's CPU int4 kernel for a few rows, which reads half a byte per
+weight; with more rows than the policy gives it, it dequantizes and calls the GEMM.
+`Int8Groups` and `Int4Groups` are the grouped forms on their own, as a weight file that is already
+quantized (GGUF's Q8_0, Q6_K; Q4_0, Q4_1, Q4_K) hands them over, exactly as it stores them.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -57,22 +58,26 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
 
 
 def linear_int8(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
-    """x [..., K] times (weight int8 [N, K] · scale [N]) transposed → [..., N] in x's dtype.
+    """x [..., K] times (weight int8 [N, K] · scale) transposed → [..., N] in x's dtype; `scale` is
+    one per row [N] or one per group of input channels [N, K/group] (fp16 or fp32).
 
     On a CPU:
-    - in fp32, eagerly, any number of rows: the weight widened a block of rows at a time, each
-      block's product taken while it is in cache (faster than dequantizing the whole weight first);
-    - in fp32, inside a compiled step, a few rows: a streamed loop that widens each weight as it
-      reads it, as exact as fp32 and memory-bound (torch's int8 kernel is slow with fp32 rows);
-    - in bf16, a few rows, compiled or not: torch's int8 kernel (with AMX it reads int8 faster
-      than a streamed loop does);
+    - in fp32 (with group scales in any dtype), eagerly, any number of rows: the weight widened a
+      block of rows at a time, each block's product taken while it is in cache (faster than
+      dequantizing the whole weight first);
+    - in fp32 (with group scales in any dtype), inside a compiled step, a few rows: a streamed loop
+      that widens each weight (and applies its group's scale) as it reads it, as exact as fp32 and
+      memory-bound (torch's int8 kernel is slow with fp32 rows, and takes no group scales);
+    - in bf16 with a scale per row, a few rows, compiled or not: torch's int8 kernel (with AMX it
+      reads int8 faster than a streamed loop does);
     - otherwise (more rows are compute-bound): dequantize, then GEMM."""
     rows = x.reshape(-1, x.shape[-1])
     policy = machine.POLICY
     on_cpu, few = x.device.type == "cpu", rows.shape[0] <= policy.int8_packed_max_rows
-    if on_cpu and x.dtype == torch.float32 and not torch.compiler.is_compiling():
+    widens = x.dtype == torch.float32 or scale.dim() == 2
+    if on_cpu and widens and not torch.compiler.is_compiling():
         return int8_widened(rows, weight, scale, policy.widen_block_rows).reshape(*x.shape[:-1], weight.shape[0])
-    if on_cpu and few and x.dtype == torch.float32:
+    if on_cpu and few and widens:
         return streamed(x, weight, scale)
     if on_cpu and few:
         return int8_kernel(rows, weight, scale).reshape(*x.shape[:-1], weight.shape[0])
@@ -98,22 +103,32 @@ def weight_first(x: Tensor, weight: Tensor) -> Tensor:
 
 
 def int8_widened(rows: Tensor, weight: Tensor, scale: Tensor, block_rows: int) -> Tensor:
-    """fp32 rows: the int8 weight widened `block_rows` rows at a time, each block's product taken
-    while it is in cache (faster than dequantizing the whole weight first)."""
-    out = torch.empty(rows.shape[0], weight.shape[0])
+    """The int8 weight widened to rows' dtype `block_rows` rows at a time, each block's product taken
+    while it is in cache (faster than dequantizing the whole weight first). A scale per row
+    multiplies each block's product; a scale per group, the block's weights."""
+    out = torch.empty(rows.shape[0], weight.shape[0], dtype=rows.dtype, device=rows.device)
     for start in range(0, weight.shape[0], block_rows):
         block = slice(start, start + block_rows)
-        torch.mul(F.linear(rows, weight[block].float()), scale[block], out=out[:, block])
+        if scale.dim() == 1:
+            torch.mul(F.linear(rows, weight[block].to(rows.dtype)), scale[block], out=out[:, block])
+        else:
+            out[:, block] = F.linear(rows, widen_int8(weight[block], scale[block], rows.dtype))
     return out
 
 
 def int8_kernel(rows: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
-    """torch's int8 kernel: reads the weight in one pass."""
+    """torch's int8 kernel (one scale per row): reads the weight in one pass."""
     return torch._weight_int8pack_mm(rows.contiguous(), weight, scale)
 
 
 def int8_dequantized(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
-    return F.linear(x, weight * scale[:, None])
+    return F.linear(x, weight * scale[:, None] if scale.dim() == 1 else widen_int8(weight, scale, x.dtype))
+
+
+def widen_int8(weight: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+    """int8 [n, K] times its group scales [n, K/group] → [n, K] in `dtype`, multiplied in fp32."""
+    n, K = weight.shape
+    return (weight.float().view(n, scale.shape[1], -1) * scale.float()[..., None]).view(n, K).to(dtype)
 
 
 def int4_kernel(rows: Tensor, packed: Tensor, scale_and_zero: Tensor, group: int) -> Tensor:
@@ -151,14 +166,15 @@ def streamed(x: Tensor, weight: Tensor, scale: Tensor | None = None) -> Tensor:
     """x [..., K] times weight [N, K] (int8 with `scale` [N]) transposed, inside a compiled step: a
     loop that reads (and widens) each weight once, whatever the rows."""
     rows = rows_fp32(x)
-    wide = weight.float()
+    grouped = scale is not None and scale.dim() == 2
+    wide = widen_int8(weight, scale, torch.float32) if grouped else weight.float()
     if has_static_value(rows.shape[0]):
         # one reduction per input row over the same weights: inductor fuses them into one loop
         # that reads (and widens) each weight once, however many rows there are
         out = torch.stack([(wide * row).sum(-1) for row in rows], dim=1)
     else:  # a span of symbolic length (a verify graph): one reduction over [N, rows, K]
         out = (wide[:, None, :] * rows[None]).sum(-1)
-    if scale is not None:  # int8 rows
+    if scale is not None and not grouped:  # int8 with a scale per row
         out = out * scale.float()[:, None]
     return out.t().reshape(*x.shape[:-1], weight.shape[0]).to(x.dtype)
 
@@ -173,44 +189,134 @@ def quantize_rows(rows: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
 
 
 @dataclass(frozen=True)
-class Int8Rows:
-    """A weight [N, K] as int8 `values` times one `scale` per row [N]: what a quantized Projection keeps."""
+class Int8Groups:
+    """A weight [N, K] as int8 `values` times a scale per group of input channels: a GGUF file's
+    Q8_0 (groups of 32) and Q6_K (16) exactly as stored. What a Projection keeps as it is."""
 
     values: Tensor  # int8 [N, K]
-    scale: Tensor  # [N], in the model's dtype
+    scale: Tensor  # [N, K/group]: fp16 or fp32, whichever holds the file's scales exactly
+    dtype: torch.dtype  # what the projection computes in
 
     @property
     def shape(self) -> torch.Size:
         return self.values.shape
 
-    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Int8Rows:
-        """On `device`, the scale in `dtype` (the values stay int8)."""
-        return Int8Rows(self.values.to(device=device), self.scale.to(device=device, dtype=dtype))
+    @property
+    def group(self) -> int:
+        return self.values.shape[1] // self.scale.shape[1]
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Int8Groups:
+        """On `device`, computing in `dtype` (values and scales stay as they are)."""
+        return Int8Groups(self.values.to(device=device), self.scale.to(device=device), dtype or self.dtype)
 
     def dequantized(self, dtype: torch.dtype) -> Tensor:
-        return (self.values.float() * self.scale.float()[:, None]).to(dtype)
+        return _by_blocks(self.values, dtype, lambda rows: widen_int8(self.values[rows], self.scale[rows], dtype))
+
+
+@dataclass(frozen=True)
+class Int4Groups:
+    """A weight [N, K] as 4-bit codes with a scale and an offset per group of input channels, each
+    value code · scale + offset: a GGUF file's Q4_0, Q4_1 and Q4_K exactly as stored.
+
+    A Projection keeps it on torch's int4 kernel as (code − 8) · scale + zero, zero = 8 · scale +
+    offset, with scale and zero rounded to bf16 (the kernel's; its fp32 variant is a reference
+    path): the one rounding of the file's values. It moves each value by at most 31/15 · 2⁻⁸ of its
+    group's largest (the zero, the value of code 8, by 2⁻⁸ of it; the scale times |code − 8| ≤ 8 by
+    2⁻⁸ of 16/15 of it); on llama-quantize's files, 0.31% (Q4_0), 0.37% (Q4_1) and 0.33% (Q4_K)
+    of a tensor's largest value (tests/test_gguf_compact.py)."""
+
+    codes: Tensor  # uint8 [N, K], 0..15
+    scale: Tensor  # fp32 [N, K/group]
+    offset: Tensor  # fp32 [N, K/group]
+    dtype: torch.dtype  # what the projection computes in
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+    @property
+    def group(self) -> int:
+        return self.codes.shape[1] // self.scale.shape[1]
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Int4Groups:
+        """On `device`, computing in `dtype` (codes, scales and offsets stay as they are)."""
+        return Int4Groups(*(t.to(device=device) for t in (self.codes, self.scale, self.offset)), dtype or self.dtype)
+
+    def dequantized(self, dtype: torch.dtype) -> Tensor:
+        """The file's values exactly (in fp32; then rounded to `dtype`)."""
+        def rows_of(rows: slice) -> Tensor:
+            codes = self.codes[rows]
+            n, K = codes.shape
+            groups = codes.float().view(n, -1, self.group) * self.scale[rows, :, None] + self.offset[rows, :, None]
+            return groups.view(n, K).to(dtype)
+
+        return _by_blocks(self.codes, dtype, rows_of)
+
+
+def _by_blocks(like: Tensor, dtype: torch.dtype, rows_of) -> Tensor:
+    """A tensor shaped as `like` [N, K] in `dtype`, filled `QUANTIZE_BLOCK_ROWS` rows at a time by
+    `rows_of(rows)`: bounded fp32 temporaries."""
+    out = torch.empty(like.shape, dtype=dtype, device=like.device)
+    for start in range(0, like.shape[0], QUANTIZE_BLOCK_ROWS):
+        rows = slice(start, start + QUANTIZE_BLOCK_ROWS)
+        out[rows] = rows_of(rows)
+    return out
+
+
+def int4_takes(shape: torch.Size, group: int, device: torch.device) -> bool:
+    """Whether torch's CPU int4 kernel takes a weight of `shape` [N, K] in groups of `group` on
+    `device`: rows a multiple of the block its packing uses on this CPU, input channels of groups."""
+    N, K = shape
+    block_rows = machine.POLICY.int4_block_rows
+    return device.type == "cpu" and block_rows is not None and N % block_rows == 0 and K % group == 0
+
+
+def packed_int4(codes: Tensor, scale: Tensor, zero: Tensor) -> tuple[Tensor, Tensor]:
+    """codes [n, K] (0..15), scale and zero [n, K/group] → torch's int4 packing [n, K/2] uint8 and
+    scale_and_zero [K/group, n, 2] bf16, which read as (code − 8) · scale + zero."""
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+    return packed, torch.stack([scale, zero], -1).transpose(0, 1).bfloat16()
 
 
 class Projection(nn.Module):
     """A weight [N, K] applied as x @ Wᵀ (and, for an embedding table, looked up by row)."""
 
-    def __init__(self, weight: Tensor | Int8Rows) -> None:
+    def __init__(self, weight: Tensor | Int8Groups | Int4Groups) -> None:
         super().__init__()
-        is_int8 = isinstance(weight, Int8Rows)
-        self.register_buffer("weight", weight.values if is_int8 else weight)  # [N, K]; int8 [N, K]; int4 packed [N, K/2] uint8
-        self.register_buffer("scale", weight.scale if is_int8 else None)  # int8: [N] in the model's dtype
+        self.register_buffer("scale", None)  # int8: [N] in the model's dtype, or [N, K/group]
         self.register_buffer("scale_and_zero", None)  # int4: [K/group, N, 2] bf16
-        self.group = 0  # int4: input channels per scale and zero
-        self.dtype = weight.scale.dtype if is_int8 else weight.dtype  # what it computes in
+        self.group = 0  # int4 and int8 groups: input channels per scale
+        self.dtype = weight.dtype  # what it computes in
+        if isinstance(weight, Int4Groups) and not int4_takes(weight.shape, weight.group, weight.codes.device):
+            weight = weight.dequantized(weight.dtype)  # a shape or device torch's int4 kernel cannot take
+        if isinstance(weight, Int4Groups):
+            self.register_buffer("weight", torch.empty(weight.shape[0], weight.shape[1] // 2, dtype=torch.uint8))
+            self.scale_and_zero = torch.empty(weight.scale.shape[1], weight.shape[0], 2, dtype=torch.bfloat16)
+            for start in range(0, weight.shape[0], QUANTIZE_BLOCK_ROWS):  # a multiple of the block: packed blocks stay whole
+                rows = slice(start, start + QUANTIZE_BLOCK_ROWS)
+                scale = weight.scale[rows]
+                self.weight[rows], self.scale_and_zero[:, rows] = packed_int4(weight.codes[rows], scale, 8 * scale + weight.offset[rows])
+            self.group = weight.group
+        elif isinstance(weight, Int8Groups):
+            self.register_buffer("weight", weight.values)
+            self.scale, self.group = weight.scale, weight.group
+        else:
+            self.register_buffer("weight", weight)  # [N, K]; int8 [N, K]; int4 packed [N, K/2] uint8
 
     @classmethod
-    def concat(cls, parts: Sequence[Tensor | Int8Rows]) -> Projection:
-        """One projection of `parts` stacked by rows: int8 if every part is, else all in the model's
-        dtype (an int8 part is widened: a mix cannot share one kernel)."""
-        if all(isinstance(part, Int8Rows) for part in parts):
-            return cls(Int8Rows(torch.cat([p.values for p in parts]), torch.cat([p.scale for p in parts])))
-        dtype = next(part.dtype for part in parts if isinstance(part, Tensor))
-        return cls(torch.cat([p.dequantized(dtype) if isinstance(p, Int8Rows) else p for p in parts]))
+    def concat(cls, parts: Sequence[Tensor | Int8Groups | Int4Groups]) -> Projection:
+        """One projection of `parts` stacked by rows: in their form if they share one (int8 groups of
+        two sizes on the smaller, each scale repeated), else all in the model's dtype (a compact part
+        widened: a mix cannot share one kernel)."""
+        dtype = parts[0].dtype
+        if all(isinstance(p, Int4Groups) for p in parts) and len({p.group for p in parts}) == 1:
+            return cls(Int4Groups(*(torch.cat(t) for t in zip(*((p.codes, p.scale, p.offset) for p in parts))), dtype))
+        if all(isinstance(p, Int8Groups) for p in parts):
+            group = min(p.group for p in parts)
+            scale_dtype = functools.reduce(torch.promote_types, (p.scale.dtype for p in parts))
+            scales = [p.scale.to(scale_dtype).repeat_interleave(p.group // group, dim=1) for p in parts]
+            return cls(Int8Groups(torch.cat([p.values for p in parts]), torch.cat(scales), dtype))
+        return cls(torch.cat([p if isinstance(p, Tensor) else p.dequantized(dtype) for p in parts]))
 
     def forward(self, x: Tensor) -> Tensor:
         if self.scale_and_zero is not None:
@@ -226,6 +332,9 @@ class Projection(nn.Module):
             return flat.view(*ids.shape, -1)
         if self.scale is None:
             return F.embedding(ids, self.weight)
+        if self.scale.dim() == 2:  # int8 groups
+            flat = ids.reshape(-1)
+            return widen_int8(self.weight[flat], self.scale[flat], self.dtype).view(*ids.shape, -1)
         return F.embedding(ids, self.weight) * self.scale[ids, None]
 
     def quantize(self, mode: str) -> None:
@@ -261,10 +370,7 @@ class Projection(nn.Module):
         N, K = self.weight.shape
         if self.scale is not None or self.scale_and_zero is not None:
             return self.scale_and_zero is not None
-        if self.weight.device.type != "cpu" or K % group:
-            return False
-        block_rows = machine.POLICY.int4_block_rows
-        if block_rows is None or N % block_rows:
+        if not int4_takes(self.weight.shape, group, self.weight.device):
             return False
         packed = torch.empty(N, K // 2, dtype=torch.uint8)
         scale_and_zero = torch.empty(K // group, N, 2, dtype=torch.bfloat16)
@@ -275,8 +381,7 @@ class Projection(nn.Module):
             scale = ((high - low) / INT4_LEVELS).clamp_min(torch.finfo(torch.float32).tiny).bfloat16().float()
             zero = (low + 8 * scale).bfloat16().float()  # code 0 reads as the group's minimum
             codes = block.sub_(zero[..., None]).div_(scale[..., None]).add_(8).round_().clamp_(0, INT4_LEVELS)
-            packed[rows] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.view(-1, K).to(torch.int32), 1)
-            scale_and_zero[:, rows] = torch.stack([scale, zero], -1).transpose(0, 1)
+            packed[rows], scale_and_zero[:, rows] = packed_int4(codes.view(-1, K), scale, zero)
         self.weight = packed
         self.scale_and_zero, self.group = scale_and_zero, group
         return True

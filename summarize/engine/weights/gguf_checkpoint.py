@@ -3,8 +3,9 @@
 
 A family's GGUF module (`qwen3_5_gguf`, `rwkv7_gguf`) writes the table: which GGUF tensors make
 each tensor the model reads, and how the converter's transforms are undone. Tensors read here
-arrive in the model's dtype (vectors in fp32, as the file keeps them), or as int8 rows where the
-source allows it and the file's kind maps onto int8 (`gguf_file.in_memory_kind`).
+arrive in the model's dtype (vectors in fp32, as the file keeps them), or, for a projection, in the
+compact form `GGUFFile.form_of` chose for it (`Int4Groups`, `Int8Groups`: the file's own codes and
+group scales), which the reorders below keep.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from summarize.engine.ops.linear import Int8Rows
-from summarize.engine.weights.gguf_file import GGUFFile
+from summarize.engine.ops.linear import Int4Groups, Int8Groups
+from summarize.engine.weights.gguf_file import DENSE, Form, GGUFFile, group_order
 from summarize.errors import SummarizeError
 
-Weight = Tensor | Int8Rows
+Weight = Tensor | Int8Groups | Int4Groups
 
 
 def _first(parts: Sequence[Weight]) -> Weight:
@@ -34,7 +35,7 @@ class Source:
     stored: tuple[tuple[int, ...], ...]  # the shape each must have in the file (PyTorch's order)
     shape: tuple[int, ...]  # the shape the family reads
     make: Callable[[Sequence[Weight]], Weight] = _first  # the converter's transform, undone
-    int8: bool = False  # a projection: may stay int8 (a Q8_0 matrix)
+    form: Form = DENSE  # a projection: the form it is read in (`GGUFFile.form_of`)
     fp32: bool = False  # a vector (norm, bias, decay): read in fp32, as the file keeps it
 
 
@@ -63,19 +64,28 @@ class GGUFCheckpoint:
             info = self.file.tensors.get(tensor)
             if info is not None and info.shape != shape:
                 raise SummarizeError(f"{self.file.path}: tensor {tensor} has shape {info.shape}; the metadata says {shape}")
-        parts = [self.file.read(t, dtype=torch.float32 if source.fp32 else self.dtype, int8=source.int8) for t in source.tensors]
+        parts = [self.file.read(t, dtype=torch.float32 if source.fp32 else self.dtype, form=source.form) for t in source.tensors]
         return source.make(parts)
 
 
 def take_rows(weight: Weight, index: Tensor) -> Weight:
-    """weight[index] (rows reordered), for dense and int8 weights alike."""
-    if isinstance(weight, Int8Rows):
-        return Int8Rows(weight.values[index], weight.scale[index])
+    """weight[index] (rows reordered), for dense and grouped weights alike: groups run along rows."""
+    if isinstance(weight, Int8Groups):
+        return Int8Groups(weight.values[index], weight.scale[index], weight.dtype)
+    if isinstance(weight, Int4Groups):
+        return Int4Groups(weight.codes[index], weight.scale[index], weight.offset[index], weight.dtype)
     return weight[index]
 
 
 def take_columns(weight: Weight, index: Tensor) -> Weight:
-    """weight[:, index] (columns reordered); an int8 weight's per-row scales are unchanged."""
-    if isinstance(weight, Int8Rows):
-        return Int8Rows(weight.values[:, index].contiguous(), weight.scale)
-    return weight[:, index].contiguous()
+    """weight[:, index] (input channels reordered). A grouped weight's groups move with their
+    channels, which must move whole groups (`GGUFFile.form_of` reads one whose reorder does not dense)."""
+    if isinstance(weight, Tensor):
+        return weight[:, index].contiguous()
+    groups = group_order(index, weight.group)
+    if groups is None:
+        raise ValueError(f"a reorder of input channels that splits groups of {weight.group}")
+    if isinstance(weight, Int8Groups):
+        return Int8Groups(weight.values[:, index].contiguous(), weight.scale[:, groups].contiguous(), weight.dtype)
+    return Int4Groups(weight.codes[:, index].contiguous(), weight.scale[:, groups].contiguous(),
+                      weight.offset[:, groups].contiguous(), weight.dtype)

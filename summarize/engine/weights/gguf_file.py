@@ -12,8 +12,9 @@ is opened, and decoded when the tokenizer asks for them. No numpy.
 
 Tensors are read with plain file reads a bounded run of rows at a time (not through the map, whose
 pages would stay resident beside the converted weights) and converted straight to what the model
-keeps: the model's dtype, or for Q8_0 the engine's int8 rows (`read(..., int8=True)`).
-`in_memory_kind` is the one place that decides which.
+keeps (`Form`): the model's dtype, or for a projection the file's own codes and group scales
+(`Int4Groups` for Q4_0, Q4_1, Q4_K; `Int8Groups` for Q8_0, Q6_K). `GGUFFile.form_of` is the one
+place that decides which.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import math
 import mmap
 import os
 import struct
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,8 +33,19 @@ import torch
 from torch import Tensor
 
 from summarize.engine.memory import release_free_memory
-from summarize.engine.ops.linear import Int8Rows, quantize_rows
-from summarize.engine.weights.gguf_quants import GGML_TYPES, GGMLType, can_dequantize, dequantize
+from summarize.engine.ops import machine
+from summarize.engine.ops.linear import Int4Groups, Int8Groups
+from summarize.engine.weights.gguf_quants import (
+    GGML_TYPES,
+    INT4_GROUP,
+    INT4_KINDS,
+    INT8_GROUPS,
+    GGMLType,
+    can_dequantize,
+    dequantize,
+    int4_groups,
+    int8_groups,
+)
 from summarize.engine.weights.safetensors_file import bytes_of
 from summarize.errors import SummarizeError
 
@@ -66,11 +80,28 @@ class TensorInfo:
     nbytes: int
 
 
-def in_memory_kind(kind: GGMLType, int8: bool) -> str:
-    """What a tensor of `kind` becomes: "int8" (per-row int8, where the model takes it: `int8`) or
-    "dense" (the model's dtype). Q8_0 keeps its 8 bits; every other quantized kind is widened.
-    When the engine gains a 4-bit kernel, Q4_0/Q4_K map onto it here."""
-    return "int8" if int8 and kind.name == "Q8_0" else "dense"
+@dataclass(frozen=True)
+class Form:
+    """What a tensor is read into: "int4" (`Int4Groups`), "int8" (`Int8Groups`) or "dense" (the
+    model's dtype); for "dense", why a quantized kind was widened (None: the common reason)."""
+
+    name: str
+    why: str | None = None
+
+
+DENSE = Form("dense")
+NO_KERNEL = "no kernel here keeps them compact"  # the common reason: a kind or a tensor with no compact form
+COMPACT_KINDS = INT4_KINDS | frozenset(INT8_GROUPS)
+
+
+def group_order(index: Tensor, group: int) -> Tensor | None:
+    """For a reorder `index` [K] of input channels that moves whole groups of `group`, the order of
+    the groups [K/group]; None where it splits one."""
+    runs = index.view(-1, group)
+    starts = runs[:, :1]
+    if bool((starts % group == 0).all()) and torch.equal(runs - starts, torch.arange(group).expand_as(runs)):
+        return starts[:, 0] // group
+    return None
 
 
 class GGUFFile:
@@ -81,8 +112,9 @@ class GGUFFile:
     it before anything is allocated.
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, *, int4: bool = True) -> None:
         self.path = Path(path)
+        self.int4 = int4  # projections may be kept on torch's int4 kernel (its tensors go to the CPU)
         try:
             with open(self.path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
@@ -94,7 +126,7 @@ class GGUFFile:
         except OSError as exc:
             raise SummarizeError(f"{self.path}: cannot be read ({exc.strerror or exc})") from None
         self.architecture = self.get("general.architecture", str)
-        self.widened: dict[str, int] = {}  # quantized kinds read into the model's dtype: tensors of each
+        self.widened: Counter[tuple[str, str]] = Counter()  # (quantized kind, why) read into the model's dtype: tensors
         self.widened_to: torch.dtype | None = None
 
     # -- metadata -----------------------------------------------------------------------------------
@@ -133,9 +165,42 @@ class GGUFFile:
 
     # -- tensors ------------------------------------------------------------------------------------
 
-    def read(self, name: str, *, dtype: torch.dtype, int8: bool = False) -> Tensor | Int8Rows:
-        """The tensor `name` in PyTorch's shape, converted to `dtype`; with `int8`, a Q8_0 matrix as
-        per-row `Int8Rows` instead (see `in_memory_kind`). Read a bounded run of rows at a time."""
+    def form_of(self, tensors: Sequence[str], columns: Tensor | None = None) -> Form:
+        """The form a projection made of `tensors` (stacked by rows, then its input channels
+        reordered by `columns`) is read in: each part's own where they share one, else the widest
+        that one of them needs.
+
+        A part's own: Q4_0, Q4_1, Q4_K int4, where torch's int4 kernel takes the stack (on the CPU,
+        its rows a multiple of the packing block); Q8_0, Q6_K int8 groups; any other kind dense.
+        Widest: int4 parts go to int8 groups only if their offset is −8 · scale (Q4_0, whose codes
+        − 8 are int8 values on its scale, exactly); any other mix is dense, widened. A reorder of
+        input channels that splits a group makes the projection dense too."""
+        infos = [self.tensors.get(t) for t in tensors]
+        if any(info is None or info.kind is None or len(info.shape) != 2 for info in infos):
+            return DENSE  # a missing or odd tensor: reading it says what is wrong
+        kinds = {info.kind.name for info in infos}
+        rows = sum(info.shape[0] for info in infos)
+        if kinds <= INT4_KINDS:
+            block = machine.POLICY.int4_block_rows
+            if self.int4 and block is not None and rows % block == 0:
+                form, group = Form("int4"), INT4_GROUP
+            elif kinds == {"Q4_0"}:
+                form, group = Form("int8"), INT8_GROUPS["Q4_0"]
+            elif not self.int4:
+                return Form("dense", "torch's int4 kernel runs on the CPU only")
+            else:
+                return Form("dense", f"torch's int4 kernel here takes no matrix of {rows} rows")
+        elif kinds <= INT8_GROUPS.keys():
+            form, group = Form("int8"), min(INT8_GROUPS[kind] for kind in kinds)
+        else:
+            return Form("dense", "stacked into one matrix with parts of another form" if len(kinds) > 1 else None)
+        if columns is not None and group_order(columns, group) is None:
+            return Form("dense", f"a reorder of input channels splits their groups of {group}")
+        return form
+
+    def read(self, name: str, *, dtype: torch.dtype, form: Form = DENSE) -> Tensor | Int8Groups | Int4Groups:
+        """The tensor `name` in PyTorch's shape, converted to `dtype`; or a matrix in the compact
+        `form` that `form_of` chose for it, exactly as stored. Read a bounded run of rows at a time."""
         info = self.tensors.get(name)
         if info is None:
             raise SummarizeError(f"{self.path}: no tensor {name}")
@@ -144,50 +209,68 @@ class GGUFFile:
             raise SummarizeError(f"{self.path}: tensor {name} is of GGML type {info.type_id}, which this version does not know")
         if kind.float_dtype is None and not can_dequantize(kind):
             raise SummarizeError(f"{self.path}: tensor {name} is {kind.name}, which holds no weights summarize can read")
+        if form.name != "dense":
+            return self._read_groups(info, form, dtype)
+        out = torch.empty(math.prod(info.shape[:-1]), info.shape[-1], dtype=dtype)
+        if kind.float_dtype == dtype:  # stored as the model keeps it: read in place
+            with open(self.path, "rb") as f:
+                f.seek(info.offset)
+                self._read_into(f, out, name)
+        else:
+            for start, values in self._runs(info):
+                out[start : start + values.shape[0]] = values
+        if kind.float_dtype is None:
+            self.widened[kind.name, form.why if kind.name in COMPACT_KINDS and form.why else NO_KERNEL] += 1
+            self.widened_to = dtype
+        return out.view(info.shape)
+
+    def _read_groups(self, info: TensorInfo, form: Form, dtype: torch.dtype) -> Int8Groups | Int4Groups:
+        """A matrix as its codes and group scales: int4 (Q4_0, Q4_1, Q4_K) or int8 (Q8_0, Q6_K, Q4_0)."""
+        (rows, width), kind = info.shape, info.kind
+        parts: list[Tensor] = []  # codes or values [rows, width], then scales (and offsets) [rows, groups]
+        for start, blocks in self._runs(info, blocks=True):
+            decoded = int4_groups(kind, blocks) if form.name == "int4" else int8_groups(kind, blocks)
+            n = blocks.shape[0] * kind.elements // width
+            if not parts:
+                parts = [torch.empty(rows, t.numel() // n, dtype=t.dtype) for t in decoded]
+            for whole, run in zip(parts, decoded):
+                whole[start : start + n] = run.view(n, -1)
+        return Int4Groups(*parts, dtype) if form.name == "int4" else Int8Groups(*parts, dtype)
+
+    def _runs(self, info: TensorInfo, *, blocks: bool = False):
+        """(first row, run) for bounded runs of the tensor's rows: its values in fp32 (or its own
+        float dtype), or with `blocks` its raw blocks [n · blocks per row, nbytes]."""
+        kind = info.kind
         rows, width = math.prod(info.shape[:-1]), info.shape[-1]
         row_bytes = width // kind.elements * kind.nbytes
         step = max(1, READ_CHUNK_BYTES // (width * 4))
-        as_int8 = in_memory_kind(kind, int8) == "int8" and len(info.shape) == 2
-        out = torch.empty(rows, width, dtype=torch.int8 if as_int8 else dtype)
-        scale = torch.empty(rows, dtype=dtype) if as_int8 else None
-        raw = None
+        raw = torch.empty(min(step, rows) * row_bytes, dtype=torch.uint8)
         with open(self.path, "rb") as f:
             f.seek(info.offset)
             for start in range(0, rows, step):
                 n = min(step, rows - start)
-                if kind.float_dtype == dtype and not as_int8:  # stored as the model keeps it: read in place
-                    self._read_into(f, out[start : start + n], name)
-                    continue
-                if raw is None:
-                    raw = torch.empty(min(step, rows) * row_bytes, dtype=torch.uint8)
                 chunk = raw[: n * row_bytes]
-                self._read_into(f, chunk, name)
-                if kind.float_dtype is not None:
-                    values = chunk.view(kind.float_dtype).view(n, width)
+                self._read_into(f, chunk, info.name)
+                if blocks:
+                    yield start, chunk.view(-1, kind.nbytes)
+                elif kind.float_dtype is not None:
+                    yield start, chunk.view(kind.float_dtype).view(n, width)
                 else:
-                    values = dequantize(kind, chunk.view(-1, kind.nbytes)).view(n, width)
-                if as_int8:
-                    out[start : start + n], scale[start : start + n] = quantize_rows(values, dtype)
-                else:
-                    out[start : start + n] = values
-        if raw is not None and info.nbytes > READ_CHUNK_BYTES:
+                    yield start, dequantize(kind, chunk.view(-1, kind.nbytes)).view(n, width)
+        if info.nbytes > READ_CHUNK_BYTES:
             # the runs' freed temporaries, which glibc would keep in its heaps (fragmented by the
             # tensors kept between them): without this, loading peaks ~8% above the weights it keeps
             release_free_memory()
-        if as_int8:
-            return Int8Rows(out, scale)
-        if kind.float_dtype is None:
-            self.widened[kind.name] = self.widened.get(kind.name, 0) + 1
-            self.widened_to = dtype
-        return out.view(info.shape)
 
     def widening_note(self) -> str | None:
-        """One line naming the quantized kinds that were read into the model's dtype, if any."""
+        """One line naming the quantized kinds that were read into the model's dtype, if any, and why."""
         if not self.widened:
             return None
-        kinds = ", ".join(f"{kind} ({count} tensor{'s' * (count > 1)})" for kind, count in sorted(self.widened.items()))
+        reasons: dict[str, list[str]] = {}
+        for (kind, why), count in sorted(self.widened.items()):
+            reasons.setdefault(why, []).append(f"{kind} ({count} tensor{'s' * (count > 1)})")
         dtype = str(self.widened_to).removeprefix("torch.")
-        return f"{self.path.name}: {kinds} widened to {dtype}: no kernel here keeps them compact"
+        return f"{self.path.name}: " + "; ".join(f"{', '.join(kinds)} widened to {dtype}: {why}" for why, kinds in reasons.items())
 
     def _read_into(self, f, tensor: Tensor, name: str) -> None:
         view = bytes_of(tensor)

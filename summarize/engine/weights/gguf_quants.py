@@ -190,13 +190,18 @@ def _k_scales(packed: Tensor) -> tuple[Tensor, Tensor]:
     return scales.float(), minima.float()
 
 
-def _q4_k(blocks: Tensor) -> Tensor:
+def _q4_k_parts(blocks: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Q4_K blocks → codes uint8 [n, 8, 32], each sub-block's scale d·sc and minimum dmin·m [n, 8, 1] (fp32, exact)."""
     n = blocks.shape[0]
     d, dmin = _f16(blocks, 0), _f16(blocks, 2)
     scales, minima = _k_scales(blocks[:, 4:16])
     dl, ml = (d * scales).reshape(n, 8, 1), (dmin * minima).reshape(n, 8, 1)
-    q = _nibbles(blocks[:, 16:144].reshape(n, 4, 32)).reshape(n, 8, 32).float()
-    return (dl * q - ml).reshape(n, QK_K)
+    return _nibbles(blocks[:, 16:144].reshape(n, 4, 32)).reshape(n, 8, 32), dl, ml
+
+
+def _q4_k(blocks: Tensor) -> Tensor:
+    q, dl, ml = _q4_k_parts(blocks)
+    return (dl * q.float() - ml).reshape(-1, QK_K)
 
 
 def _q5_k(blocks: Tensor) -> Tensor:
@@ -209,15 +214,20 @@ def _q5_k(blocks: Tensor) -> Tensor:
     return (dl * (ql | (qh << 4)).float() - ml).reshape(n, QK_K)
 
 
-def _q6_k(blocks: Tensor) -> Tensor:
+def _q6_k_parts(blocks: Tensor) -> tuple[Tensor, Tensor]:
+    """Q6_K blocks → values q − 32 int8 [n, 16, 16] and each sub-block's scale d·sc [n, 16, 1] (fp32, exact)."""
     n = blocks.shape[0]
     ql, qh = blocks[:, :128], blocks[:, 128:192]
     scales = blocks[:, 192:208].contiguous().view(torch.int8).float()
     d = (_f16(blocks, 208) * scales).reshape(n, 16, 1)
     low = _nibbles(ql.reshape(n, 2, 64)).reshape(n, 8, 32)  # [half, nibble, 32-byte run]
     high = ((qh.reshape(n, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 4, 1)) & 3).reshape(n, 8, 32)
-    q = ((low | (high << 4)).to(torch.int8) - 32).reshape(n, 16, 16).float()
-    return (d * q).reshape(n, QK_K)
+    return ((low | (high << 4)).to(torch.int8) - 32).reshape(n, 16, 16), d
+
+
+def _q6_k(blocks: Tensor) -> Tensor:
+    q, d = _q6_k_parts(blocks)
+    return (d * q.float()).reshape(-1, QK_K)
 
 
 def _iq4_xs(blocks: Tensor) -> Tensor:
@@ -242,6 +252,40 @@ _DECODERS = {
     "Q2_K": _q2_k, "Q3_K": _q3_k, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k,
     "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs, "MXFP4": _mxfp4,
 }
+
+
+# -- the kinds kept compact: their codes and group scales as stored (ops.linear's Int4Groups, Int8Groups)
+
+INT4_KINDS = frozenset({"Q4_0", "Q4_1", "Q4_K"})  # 4-bit codes, a scale and an offset per 32 values
+INT4_GROUP = 32  # values per scale and offset (a K super-block's sub-block)
+# int8 values with a scale per group: Q8_0's own, Q6_K's q − 32, Q4_0's codes − 8 (its offset is −8·scale)
+INT8_GROUPS = {"Q8_0": 32, "Q6_K": 16, "Q4_0": 32}
+
+
+def int4_groups(kind: GGMLType, blocks: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Q4_0, Q4_1 or Q4_K blocks [n, nbytes] → codes uint8 [n, elements] (0..15) and a scale and an
+    offset per 32 values, fp32 [n, elements/32]: each value is code · scale + offset, for finite
+    scales `dequantize`'s value bit for bit."""
+    if kind.name == "Q4_K":
+        q, dl, ml = _q4_k_parts(blocks)
+        return q.reshape(-1, QK_K), dl.reshape(-1, 8), -ml.reshape(-1, 8)
+    d = _f16(blocks, 0)
+    if kind.name == "Q4_0":
+        return _nibbles(blocks[:, 2:18]), d, -8 * d
+    return _nibbles(blocks[:, 4:20]), d, _f16(blocks, 2)  # Q4_1
+
+
+def int8_groups(kind: GGMLType, blocks: Tensor) -> tuple[Tensor, Tensor]:
+    """Q8_0, Q6_K or Q4_0 blocks [n, nbytes] → values int8 [n, elements] and a scale per group of
+    `INT8_GROUPS[kind]` values [n, elements/group]: the file's fp16 scales (Q8_0, Q4_0), or Q6_K's
+    d·sc in fp32 (exact). Each value is values · scale, for finite scales `dequantize`'s bit for bit."""
+    if kind.name == "Q6_K":
+        q, d = _q6_k_parts(blocks)
+        return q.reshape(-1, QK_K), d.reshape(-1, 16)
+    d = blocks[:, :2].contiguous().view(torch.float16)  # [n, 1]
+    if kind.name == "Q8_0":
+        return blocks[:, 2:34].contiguous().view(torch.int8), d
+    return _nibbles(blocks[:, 2:18]).to(torch.int8) - 8, d  # Q4_0
 
 
 def _with_gguf_py(kind: GGMLType, blocks: Tensor) -> Tensor:
