@@ -32,7 +32,7 @@ import torch
 import llama_cpp
 from summarize.engine import load_model
 from summarize.engine.ops import machine
-from summarize.engine.ops.linear import Int4Groups, Int8Groups, Projection, dequantize_int4, widen_int8
+from summarize.engine.ops.linear import Int4Groups, Int8Groups, Projection, StackedProjections, dequantize_int4, widen_int8
 from summarize.engine.weights.gguf_checkpoint import take_columns, take_rows
 from summarize.engine.weights.gguf_file import DENSE, Form, GGUFFile
 from summarize.engine.weights.gguf_quants import GGML_TYPES
@@ -214,9 +214,11 @@ def test_stacked_parts_of_one_form_make_one_projection_of_it(kinds_file):
     assert int8.weight.dtype == torch.int8 and int8.group == 16 and int8.scale.dtype == torch.float32
     assert torch.equal(kept(int8), torch.cat([exact(kinds_file, "Q8_0"), exact(kinds_file, "Q6_K")]))
     dense = torch.randn(64, COLUMNS)
-    mixed = Projection.concat([read("Q4_K"), dense])  # a mix shares no kernel: widened, exactly
-    assert mixed.scale is None and mixed.scale_and_zero is None
-    assert torch.equal(mixed.weight, torch.cat([exact(kinds_file, "Q4_K"), dense]))
+    mixed = Projection.concat([read("Q4_K"), read("Q8_0"), dense])  # a mix shares no kernel: each part kept in its form
+    assert isinstance(mixed, StackedProjections) and [kept(part).shape[0] for part in mixed.parts] == [ROWS, ROWS, 64]
+    assert mixed.parts[0].scale_and_zero is not None and mixed.parts[1].scale.dim() == 2 and mixed.parts[2].scale is None
+    x = torch.randn(5, COLUMNS)
+    assert relative_error(mixed(x), x @ torch.cat([kept(part) for part in mixed.parts]).t()) <= 1e-2  # the int4 kernel reads x in bf16
 
 
 # -- models: files llama.cpp wrote ---------------------------------------------------------------
@@ -309,10 +311,10 @@ def four_bit(request, k_quant_f32) -> Path:
     return llama_cpp.quantize(k_quant_f32, request.param)
 
 
-# What llama-quantize 0.3.36's Q4_K_M file of the model above widens: layer 2's qkv (Q6_K) with z
-# (Q4_K), layer 3's q, k (Q4_K) with v (Q6_K), and b|a (8 rows) in the three linear-attention layers
-Q4_K_M_NOTE = ("Q4_K (3 tensors), Q6_K (2 tensors) widened to float32: stacked into one matrix with parts of another "
-               "form; Q4_K (6 tensors) widened to float32: torch's int4 kernel here takes no matrix of 8 rows")
+# What llama-quantize 0.3.36's Q4_K_M file of the model above widens: b|a (8 rows) in the three
+# linear-attention layers. Its mixed stacks (layer 2's qkv, Q6_K, with z, Q4_K; layer 3's q, k, Q4_K,
+# with v, Q6_K) keep each part's form, stacked side by side.
+Q4_K_M_NOTE = "Q4_K (6 tensors) widened to float32: torch's int4 kernel here takes no matrix of 8 rows"
 
 
 def test_a_4_bit_model_keeps_the_files_codes_on_the_int4_kernel(four_bit):
@@ -325,9 +327,12 @@ def test_a_4_bit_model_keeps_the_files_codes_on_the_int4_kernel(four_bit):
         assert forms == {"int4", "int8"} and model.load_notes == []
     else:
         assert forms == {"int4", "int8", "dense"} and model.load_notes == [f"{four_bit.name}: {Q4_K_M_NOTE}"]
-    for mine, theirs in zip(projections(model), projections(exactly)):
-        if mine.scale_and_zero is not None:
-            theirs.weight = kept(mine)
+    stacked = [m for m in model.modules() if isinstance(m, StackedProjections)]
+    assert bool(stacked) == ("Q4_K_M" in four_bit.name)  # its Q6_K parts beside Q4_K ones
+    for name, theirs in exactly.named_modules():
+        if isinstance(theirs, Projection):  # the same matrix, as the compact model keeps it
+            mine = model.get_submodule(name)
+            theirs.weight = torch.cat([kept(p) for p in mine.parts]) if isinstance(mine, StackedProjections) else kept(mine)
     tokens = torch.arange(machine.POLICY.int4_kernel_max_rows + 1)[None] * 997 % VOCAB  # more rows than the int4 kernel takes
     want = exactly.forward(tokens, exactly.new_state(1))
     assert relative_error(model.forward(tokens, model.new_state(1)), want) <= 1e-5

@@ -189,13 +189,17 @@ FUSED = (("linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight"),
 
 
 def _one_form_together(file: GGUFFile, table: dict[str, Source], config: dict) -> dict[str, Source]:
-    """Projections stacked into one matrix share one form: the widest any part needs
-    (`GGUFFile.form_of`: int4 if every part is a 4-bit kind and the stack fits the int4 kernel,
-    int8 groups if every part is Q8_0, Q6_K or Q4_0, else all read into the dtype)."""
+    """Projections stacked into one matrix share one form where their own forms agree
+    (`GGUFFile.form_of` of the stack: int4 if the stack fits the int4 kernel, int8 groups, or all
+    read into the dtype). Where they differ (a Q6_K part beside Q4_K ones, as llama.cpp's Q4_K_M
+    mixes them), each part keeps its own and the model stacks their outputs instead
+    (`Projection.concat`)."""
     for i in range(config["num_hidden_layers"]):
         for group in FUSED:
             names = [f"layers.{i}.{name}" for name in group]
             if not all(name in table for name in names):
+                continue
+            if len({table[name].form.name for name in names}) > 1:
                 continue
             form = file.form_of([table[name].tensors[0] for name in names])
             for name in names:

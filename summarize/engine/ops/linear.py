@@ -304,11 +304,13 @@ class Projection(nn.Module):
             self.register_buffer("weight", weight)  # [N, K]; int8 [N, K]; int4 packed [N, K/2] uint8
 
     @classmethod
-    def concat(cls, parts: Sequence[Tensor | Int8Groups | Int4Groups]) -> Projection:
-        """One projection of `parts` stacked by rows: in their form if they share one (int8 groups of
-        two sizes on the smaller, each scale repeated), else all in the model's dtype (a compact part
-        widened: a mix cannot share one kernel)."""
+    def concat(cls, parts: Sequence[Tensor | Int8Groups | Int4Groups]) -> Projection | StackedProjections:
+        """One projection of `parts` stacked by rows where they share a form (int8 groups of two
+        sizes on the smaller, each scale repeated); where their forms differ (a mix cannot share
+        one kernel), the parts apart, their outputs stacked."""
         dtype = parts[0].dtype
+        if all(isinstance(p, Tensor) for p in parts):
+            return cls(torch.cat(list(parts)))
         if all(isinstance(p, Int4Groups) for p in parts) and len({p.group for p in parts}) == 1:
             return cls(Int4Groups(*(torch.cat(t) for t in zip(*((p.codes, p.scale, p.offset) for p in parts))), dtype))
         if all(isinstance(p, Int8Groups) for p in parts):
@@ -316,7 +318,7 @@ class Projection(nn.Module):
             scale_dtype = functools.reduce(torch.promote_types, (p.scale.dtype for p in parts))
             scales = [p.scale.to(scale_dtype).repeat_interleave(p.group // group, dim=1) for p in parts]
             return cls(Int8Groups(torch.cat([p.values for p in parts]), torch.cat(scales), dtype))
-        return cls(torch.cat([p if isinstance(p, Tensor) else p.dequantized(dtype) for p in parts]))
+        return StackedProjections([cls(part) for part in parts])
 
     def forward(self, x: Tensor) -> Tensor:
         if self.scale_and_zero is not None:
@@ -385,6 +387,18 @@ class Projection(nn.Module):
         self.weight = packed
         self.scale_and_zero, self.group = scale_and_zero, group
         return True
+
+
+class StackedProjections(nn.Module):
+    """Projections of different forms applied to the same x, their outputs stacked: what
+    `Projection.concat` gives where its parts cannot share one matrix."""
+
+    def __init__(self, parts: Sequence[Projection]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.cat([part(x) for part in self.parts], dim=-1)
 
 
 QUANTIZATIONS = ("int8", "int4")  # what `Projection.quantize` takes
