@@ -18,7 +18,8 @@ median reported:
   no speculation;
 - now: the defaults (8 chunks per batch within --batch-memory 1G; speculation on);
 - now, no speculation: --speculate 0;
-- now, int4: --quantize int4.
+- now, int4: --quantize int4;
+- now, stream: --strategy stream (one pass, no notes: the summary alone is decoded).
 Every run is `-n 300 --temperature 0 --json --no-cache` (every chunk read, none taken from the cache)
 on the model in --folder, in the machine's dtype.
 Random weights never end an answer, so every note runs to its budget (80 words: 144 tokens) and
@@ -257,6 +258,7 @@ def settings(folder: str, ggufs: dict[str, str]) -> tuple[dict[str, list[str]], 
         "now (defaults)": [],
         "now, --speculate 0": ["--speculate", "0"],
         "now, --quantize int4": ["--quantize", "int4"],
+        "now, --strategy stream": ["--strategy", "stream"],
     } | {f"now, -m {name} GGUF": ["-m", file] for name, file in ggufs.items()}
     return configs, {name: old_rows if name.startswith("before") else rows for name in configs}
 
@@ -268,7 +270,7 @@ def main() -> None:
     p.add_argument("--book", help="a document of 100+ pages instead of the rustc book")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--only", help="comma-separated setting numbers to run (1-4, then one per --gguf), e.g. 1,2,5")
+    p.add_argument("--only", help="comma-separated setting numbers to run (1-5, then one per --gguf), e.g. 1,2,6")
     p.add_argument("--llama-completion", help="llama.cpp's llama-completion binary (runs on each --gguf)")
     p.add_argument("--gguf", action="append", default=[], metavar="NAME=FILE",
                    help="the same checkpoint converted by llama.cpp's tools, e.g. BF16=q08-bf16.gguf (repeatable)")
