@@ -96,3 +96,11 @@ def test_the_readme_table_lists_every_environment_variable_the_code_reads():
 def test_the_readme_table_lists_no_variable_that_nothing_reads():
     stale = variables_in_the_readme() - variables_the_code_reads() - READ_BY_LIBRARIES
     assert not stale, f"README.md, Environment variables: nothing reads {sorted(stale)}"
+
+
+README_MOST_LINES = 150  # a front door: the lab record lives in docs/ and bench/README.md
+
+
+def test_the_readme_stays_a_front_door():
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= README_MOST_LINES, f"README.md has {len(lines)} lines; move detail to docs/"
