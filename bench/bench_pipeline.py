@@ -326,8 +326,9 @@ def main() -> None:
     print(f"\n{args.repeats} runs per setting, median; {args.threads} threads; model {args.folder}; work files in {work}.")
 
     def pair(name: str) -> tuple[float | None, float | None]:
-        settings_ = list(configs)
-        return walls.get((name, settings_[1])) if len(settings_) > 1 else None, walls.get((name, settings_[0]))
+        """("now (defaults)", "before") walls of a document: – for a setting --only left out."""
+        before = next((s for s in configs if s.startswith("before")), None)
+        return walls.get((name, "now (defaults)")), walls.get((name, before))
 
     book_now, book_before = pair("100-page")
     sample_now, sample_before = pair("sample")

@@ -128,6 +128,12 @@ def heading_title(heading: str) -> str:
     return title if len(title) <= MAX_TITLE_CHARS else title[: MAX_TITLE_CHARS - 1].rstrip() + "…"
 
 
+def first_heading(text: str) -> str:
+    """The title of a clean text's first Markdown heading that has one, whole ("" without one)."""
+    titles = (" ".join(heading.group(1).rstrip("# \t").split()) for heading in _HEADING.finditer(text))
+    return next((title for title in titles if title), "")
+
+
 def paragraphs(text: str) -> Places:
     """The paragraphs of a clean text (separated by blank lines), numbered from 1."""
     return Places(PARAGRAPH, array("q", [0, *(m.end() for m in re.finditer("\n\n", text))]))

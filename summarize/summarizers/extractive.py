@@ -6,13 +6,13 @@ import time
 import unicodedata
 
 from summarize.errors import SummarizeError
-from summarize.inputs.places import Places, text_places
+from summarize.inputs.places import Places, first_heading, text_places
 from summarize.inputs.words import count_words
 from summarize.records import Summary
 from summarize.settings import PROSE, Settings
 from summarize.summarizers.citations import sentence_passages, sources, with_citations
 from summarize.summarizers.extractive_selection import extractive_sentences, extractive_summary
-from summarize.summarizers.layout import first_heading, lay_out
+from summarize.summarizers.layout import lay_out
 
 # Scripts written without spaces (Thai, Lao, Khmer), emoji and one endless "word" count as one word
 # per run: the cap on -n holds in characters too, at this many a word (English averages six).

@@ -5,15 +5,12 @@ extractive summary's sentences joined.
 
 from __future__ import annotations
 
-import re
-
 from summarize.inputs.words import count_words
 from summarize.settings import MARKDOWN
 
 BULLET = "- "
 HEADING = "## "
 HEADING_MAX_WORDS = 12  # a longer "heading" is a sentence: left out
-_FIRST_HEADING = re.compile(r"(?:\A|\n\n)#{1,6}[ \t]+([^\n]+)")
 
 
 def lay_out(points: list[str], form: str, words: int | None, *, heading: str = "") -> str:
@@ -36,8 +33,3 @@ def _render(points: list[str], heading: str) -> str:
     listed = "\n".join(BULLET + point for point in points)
     return f"{HEADING}{heading}\n\n{listed}" if heading and points else listed
 
-
-def first_heading(text: str) -> str:
-    """The first Markdown heading of a clean text, its marks left out ("" without one)."""
-    found = _FIRST_HEADING.search(text)
-    return found[1].strip().rstrip("#").strip() if found else ""

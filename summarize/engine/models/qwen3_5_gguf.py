@@ -181,6 +181,7 @@ def _table(file: GGUFFile, config: dict) -> dict[str, Source]:
 
 
 # Projections `qwen3_5` stacks into one matrix (GatedDeltaNet, GatedAttention, MLP): one form for all
+# where their own forms agree (`_one_form_together`)
 FUSED = (("linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight"),
          ("linear_attn.in_proj_b.weight", "linear_attn.in_proj_a.weight"),
          ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
