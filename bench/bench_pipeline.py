@@ -16,10 +16,12 @@ median reported:
 - before: the job as main ran it before this benchmark: as many chunks per map batch as the old
   rule gave (the rows' states within 8% of the weights' bytes: 2 for the 0.8B shape in bf16), and
   no speculation;
-- now: the defaults (8 chunks per batch within --batch-memory 1G; speculation on);
+- now: the defaults (8 chunks per batch within --batch-memory 1G; speculation on; --quantize auto:
+  an int4 copy to write with where the machine's calibration found it faster);
 - now, no speculation: --speculate 0;
 - now, int4: --quantize int4;
-- now, stream: --strategy stream (one pass, no notes: the summary alone is decoded).
+- now, stream: --strategy stream (one pass, no notes: the summary alone is decoded);
+- now, --quantize none, and stream with it: the weights as loaded alone (the default before auto).
 Every run is `-n 300 --temperature 0 --json --no-cache` (every chunk read, none taken from the cache)
 on the model in --folder, in the machine's dtype.
 Random weights never end an answer, so every note runs to its budget (80 words: 144 tokens) and
@@ -259,6 +261,8 @@ def settings(folder: str, ggufs: dict[str, str]) -> tuple[dict[str, list[str]], 
         "now, --speculate 0": ["--speculate", "0"],
         "now, --quantize int4": ["--quantize", "int4"],
         "now, --strategy stream": ["--strategy", "stream"],
+        "now, --quantize none": ["--quantize", "none"],
+        "now, --strategy stream --quantize none": ["--strategy", "stream", "--quantize", "none"],
     } | {f"now, -m {name} GGUF": ["-m", file] for name, file in ggufs.items()}
     return configs, {name: old_rows if name.startswith("before") else rows for name in configs}
 
@@ -270,7 +274,7 @@ def main() -> None:
     p.add_argument("--book", help="a document of 100+ pages instead of the rustc book")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--only", help="comma-separated setting numbers to run (1-5, then one per --gguf), e.g. 1,2,6")
+    p.add_argument("--only", help="comma-separated setting numbers to run (1-7, then one per --gguf), e.g. 1,2,8")
     p.add_argument("--llama-completion", help="llama.cpp's llama-completion binary (runs on each --gguf)")
     p.add_argument("--gguf", action="append", default=[], metavar="NAME=FILE",
                    help="the same checkpoint converted by llama.cpp's tools, e.g. BF16=q08-bf16.gguf (repeatable)")

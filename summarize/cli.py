@@ -83,6 +83,8 @@ class DType(str, Enum):
 
 
 class Quantize(str, Enum):
+    auto = "auto"
+    none = "none"
     int8 = "int8"
     int4 = "int4"
 
@@ -212,7 +214,9 @@ def summarize(
         rich_help_panel="Model")] = None,
     quantize: Annotated[Quantize | None, typer.Option(
         envvar="SUMMARIZE_QUANTIZE", show_default=False,
-        help="Store the weights as int8 or int4 (CPU): less memory, faster decoding, slightly other text.",
+        help="int8 or int4 (CPU): weights stored so, less memory, faster decoding, slightly other text; "
+             "none: as loaded; auto (default): as loaded, plus an int4 copy to write with where this CPU "
+             "decodes faster from it.",
         rich_help_panel="Model")] = None,
     chunk_tokens: Annotated[int | None, typer.Option(
         "--chunk-tokens", min=MIN_CHUNK_TOKENS, max=MAX_CHUNK_TOKENS, show_default=False,
@@ -364,7 +368,8 @@ def summarize(
             raise typer.BadParameter(problem.removeprefix(f"-m {model}: ") + f": {model}", param_hint="'-m'")
     settings = Settings(
         words=words, model=model, model_fallback=not model_named, device=device, dtype=dtype.value if dtype else None,
-        quantize=quantize.value if quantize else None, focus=focus, language=language, format=summary_format.value, cite=cite,
+        quantize=quantize.value if quantize and quantize != Quantize.auto else None,
+        focus=focus, language=language, format=summary_format.value, cite=cite,
         chunk_tokens=chunk_tokens, overlap=overlap, strategy=strategy.value,
         extractive=extractive, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, speculate=speculate,
         drafts=drafts.value,

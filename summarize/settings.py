@@ -78,7 +78,7 @@ class Settings:
     model_fallback: bool = True  # a model that cannot be had gives an extractive summary; False: an error
     device: str | None = None
     dtype: str | None = None
-    quantize: str | None = None
+    quantize: str | None = None  # None: "auto" (`engine.load_model`); "none": the weights as loaded
     focus: str | None = None  # what a model summary should concentrate on (--focus)
     language: str | None = None  # the language a model summary is written in (--language)
     format: str = DEFAULT_FORMAT  # how the summary is laid out (FORMATS)

@@ -44,6 +44,11 @@ def shapes(form: str) -> Counter:
     return Counter({(form, N, K): 2, (form, 2 * N, K): 1})
 
 
+def without_copy(fields: dict) -> dict:
+    """The fields but the int4 copy's, which a full-precision model's calibration races first."""
+    return {name: value for name, value in fields.items() if name != "int4_copy_generates"}
+
+
 @pytest.fixture
 def policy_kept(monkeypatch):
     """Whatever a test installs in `machine.POLICY` is undone after it."""
@@ -68,13 +73,14 @@ def folder(tmp_path_factory):
 
 def test_the_fastest_fp32_order_is_the_one_taken():
     table = calibrate(shapes("float32"), torch.float32, timer=faster("W @ xᵀ", range(4, 17)))
-    assert table.fields == {"weight_first_min_rows": 4, "weight_first_max_rows": 16} and table.complete
-    assert [race["rows"] for race in table.races] == [r for r in ROW_COUNTS if r <= 32]  # stops at its first loss after
+    assert without_copy(table.fields) == {"weight_first_min_rows": 4, "weight_first_max_rows": 16} and table.complete
+    orders = [race["rows"] for race in table.races if race["decision"] == "fp32 order"]
+    assert orders == [r for r in ROW_COUNTS if r <= 32]  # stops at its first loss after
 
 
 def test_an_order_that_never_wins_is_never_taken():
     table = calibrate(shapes("float32"), torch.float32, timer=faster("x @ Wᵀ", range(1, 1000)))
-    assert table.fields == {"weight_first_min_rows": 1, "weight_first_max_rows": 0}
+    assert table.fields == {"weight_first_min_rows": 1, "weight_first_max_rows": 0, "int4_copy_generates": 0}
 
 
 @pytest.mark.parametrize("form, dtype, winner, field", [
@@ -106,6 +112,27 @@ def test_eager_steps_never_time_the_streamed_loop():
     assert all(race["decision"] != "fp32 streamed" for race in table.races)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("compiles", [False, True])
+@pytest.mark.parametrize("copy_wins", [True, False])
+def test_a_full_precision_model_generates_from_an_int4_copy_where_one_row_of_int4_is_faster(dtype, compiles, copy_wins):
+    """One row through torch's int4 kernel races one row through the full weight, the way a decode
+    step takes it (a compiled bf16 step streams the weight itself)."""
+    rival = "streamed loop, compiled" if compiles else ("x @ Wᵀ" if dtype == torch.float32 else "GEMM")
+    table = calibrate(shapes(str(dtype).removeprefix("torch.")), dtype, timer=faster("int4 copy" if copy_wins else rival, range(1, 2)),
+                      compiles=compiles)
+    assert table.fields["int4_copy_generates"] == int(copy_wins)
+    race = table.races[0]
+    assert race["decision"] == "int4 copy generates" and race["rows"] == 1 and {"int4 copy", rival} <= set(race["seconds"])
+    assert all(seconds is not None for seconds in race["seconds"].values())  # each exact to its own weight
+
+
+@pytest.mark.parametrize("form", ["int4", "int8"])
+def test_a_model_of_compact_weights_races_no_copy(form):
+    table = calibrate(shapes(form), torch.bfloat16, timer=faster("int4 copy", range(1, 1000)))
+    assert "int4_copy_generates" not in table.fields
+
+
 def test_the_fastest_int8_widening_block_is_the_one_taken():
     table = calibrate(shapes("int8"), torch.float32, timer=faster("widen 1024 rows at a time", range(1, 1000)))
     assert table.fields == {"widen_block_rows": 1024}
@@ -114,7 +141,7 @@ def test_the_fastest_int8_widening_block_is_the_one_taken():
 def test_an_inexact_candidate_never_wins(monkeypatch):
     monkeypatch.setattr(calibration, "weight_first", lambda x, weight: torch.zeros(x.shape[0], weight.shape[0]))
     table = calibrate(shapes("float32"), torch.float32, timer=faster("W @ xᵀ", range(1, 1000)))
-    assert table.fields == {"weight_first_min_rows": 1, "weight_first_max_rows": 0}
+    assert without_copy(table.fields) == {"weight_first_min_rows": 1, "weight_first_max_rows": 0}
     assert all(race["seconds"]["W @ xᵀ"] is None for race in table.races)
 
 
@@ -122,7 +149,7 @@ def test_out_of_time_the_rest_keeps_the_default():
     ticks = iter(range(1000))
     table = calibrate(shapes("float32"), torch.float32, timer=faster("W @ xᵀ", range(4, 17)), budget=4.5,
                       clock=lambda: float(next(ticks)))  # a second passes at each look at the clock
-    assert not table.complete and table.fields == {}
+    assert not table.complete and without_copy(table.fields) == {}
 
 
 @pytest.mark.parametrize("form, dtype, winner, rows_won", [
@@ -183,7 +210,7 @@ def test_a_corrupt_table_is_rebuilt(folder, cache):
     load_model(folder, device="cpu", dtype=torch.float32, compile=False)
     assert cache.calls
     tables = json.loads(calibration.table_path().read_text())["tables"]
-    assert [table["fields"] for table in tables.values()] == [{"weight_first_min_rows": 4, "weight_first_max_rows": 16}]
+    assert [without_copy(table["fields"]) for table in tables.values()] == [{"weight_first_min_rows": 4, "weight_first_max_rows": 16}]
 
 
 def test_an_entry_with_fields_no_policy_has_is_rebuilt(folder, cache):

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from summarize.engine.compiled import compile_steps, wanted
-from summarize.engine.memory import bound_kernel_caches, release_free_memory
+from summarize.engine.memory import available_bytes, bound_kernel_caches, release_free_memory
 from summarize.engine.models.family import Family
 from summarize.engine.models.registry import (
     FAMILIES,
@@ -34,7 +34,7 @@ from summarize.engine.models.registry import (
 )
 from summarize.engine.ops import machine
 from summarize.engine.ops.calibration import calibrate_model
-from summarize.engine.ops.linear import QUANTIZATIONS
+from summarize.engine.ops.linear import INT4_GROUP, QUANTIZATIONS, Projection, int4_takes
 from summarize.engine.tokenizers.gguf import load_gguf_tokenizer
 from summarize.engine.weights.gguf_file import GGUFFile
 from summarize.engine.weights.gguf_source import gguf_file_for
@@ -42,7 +42,10 @@ from summarize.engine.weights.ollama_store import is_ollama_name
 from summarize.engine.weights.safetensors_file import HEADER_LENGTH_BYTES, MAX_HEADER_BYTES, SAFETENSORS_DTYPES, bytes_of
 from summarize.errors import ModelNotAvailable, SummarizeError, first_line
 
-QUANTIZE_MODES = (None, *QUANTIZATIONS)
+QUANTIZE_MODES = (None, "auto", *QUANTIZATIONS)
+# "auto" keeps an int4 copy for generating only where it leaves at least this share of the memory
+# available before it free: what the model's reading and the rest of the machine need
+COPY_MAX_SHARE_OF_AVAILABLE = 0.5
 
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.pth"]
 
@@ -244,7 +247,10 @@ def load_model(
     `compile`: run prefill and decode steps through torch.compile (`compiled`); None decides by the
     environment (SUMMARIZE_COMPILE) and the model's size. `quantize`: weight-only "int8" (one scale
     per row) or "int4" (a scale and a zero per 64 input channels; CPU only), where the family
-    supports it. `announce` hears what is being compiled while it is (`CompiledSteps.announce`).
+    supports it; "auto": the weights as loaded, and beside them an int4 copy that generates tokens
+    where this machine's calibration found torch's int4 kernel faster for one row
+    (`add_int4_copies`); None: the weights as loaded. `announce` hears what is being compiled while
+    it is (`CompiledSteps.announce`).
     """
     bound_kernel_caches()  # before the first kernel is built: memory that stays flat over chunks
     device = torch.device(device) if device is not None else default_device()
@@ -252,6 +258,8 @@ def load_model(
         flush_denormals_to_zero()
     if quantize not in QUANTIZE_MODES:
         raise SummarizeError(f"unknown quantization {quantize!r} (supported: {', '.join(QUANTIZE_MODES[1:])})")
+    copies = quantize == "auto"
+    quantize = None if copies else quantize
     if quantize == "int4" and device.type != "cpu":
         raise SummarizeError(f"--quantize int4 runs on the CPU (torch's int4 kernel); on {device.type} use int8")
     dtype = dtype or default_dtype(device)
@@ -285,9 +293,31 @@ def load_model(
     compiles = compile if compile is not None else wanted(model, device, weight_bytes)
     if device.type == "cpu":
         calibrate_model(model, dtype, announce, compiles)  # before any step is compiled: the graphs follow the policy
+        if copies and machine.POLICY.int4_copy_generates:
+            add_int4_copies(model)
     if compiles:
         compile_steps(model, announce)
     return model
+
+
+def add_int4_copies(model) -> None:
+    """Give each full-precision projection of `model` an int4 copy to generate tokens with
+    (`Projection.add_int4_copy`), where their bytes leave half the available memory free; else
+    none, said in `model.load_notes`. Sets `model.int4_copy_bytes`."""
+    lookups = {id(table) for table in model.lookup_tables()}  # read by row: a copy would never be read
+    projections = [p for p in model.modules() if isinstance(p, Projection) and p.scale is None and p.scale_and_zero is None
+                   and id(p) not in lookups and int4_takes(p.weight.shape, INT4_GROUP, p.weight.device)]
+    # codes, and a bf16 scale and zero per group
+    needed = sum(p.weight.numel() // 2 + p.weight.numel() // INT4_GROUP * 4 for p in projections)
+    available = available_bytes()
+    if available is not None and needed > COPY_MAX_SHARE_OF_AVAILABLE * available:
+        model.load_notes.append(f"no int4 copy to generate with: it needs {needed / 2**30:.1f} GiB, "
+                                f"{available / 2**30:.1f} GiB is available")
+        return
+    for projection in projections:
+        projection.add_int4_copy()
+    model.int4_copy_bytes = needed
+    release_free_memory()  # the fp32 temporaries of the packing
 
 
 def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype, quantize: str | None):

@@ -1,4 +1,4 @@
-"""Give freed memory back to the operating system between spans.
+"""Give freed memory back to the operating system between spans, and say how much there is.
 
 glibc's allocator keeps the memory of freed activations in its heaps; spans of slightly different
 lengths then fragment them, and resident memory creeps up chunk after chunk. `malloc_trim`
@@ -34,6 +34,22 @@ def release_free_memory() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+def available_bytes() -> int | None:
+    """Memory the OS could give this process now without swapping (Linux's MemAvailable, else
+    its free pages); None where neither is known."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def bound_kernel_caches() -> None:

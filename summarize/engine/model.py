@@ -12,7 +12,8 @@ A family supplies its layers (`nn.Module`s called as `layer(x, layer_state, cont
 
 Set `listener` to receive a `SpanReport` after each call (docs/design.md §4). The layers and the
 head run through `steps`: `Steps` runs them as they are; `compiled.compile_steps` swaps in
-compiled ones from the outside, and the model does not know which it has.
+compiled ones from the outside, and the model does not know which it has. decode and verify
+generate tokens (`ops.linear.generating_tokens`): projections holding an int4 copy read it there.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from summarize.engine.diagnostics import LayerStats, Listener, Phase, merge_block_stats, report_span
+from summarize.engine.ops.linear import generating_tokens
 from summarize.engine.state import State
 
 
@@ -69,6 +71,7 @@ class RecurrentModel(nn.Module):
         self.steps = Steps()
         self.compiled = None  # the compiled steps, once `compiled.compile_steps` has set them
         self.load_notes: list[str] = []  # what loading wants said (a GGUF file's widened kinds)
+        self.int4_copy_bytes = 0  # the int4 copies its projections generate tokens with (`loading.add_int4_copies`)
         self.source = None
 
     # -- what a family supplies ----------------------------------------------------------------
@@ -87,6 +90,10 @@ class RecurrentModel(nn.Module):
     def logits(self, hidden: Tensor) -> Tensor:
         """The final norm and the head: hidden [..., H] → logits [..., V]."""
         raise NotImplementedError
+
+    def lookup_tables(self) -> list[nn.Module]:
+        """Its projections read only by row (an embedding that is not also the head)."""
+        return []
 
     @property
     def dtype(self) -> torch.dtype:
@@ -123,7 +130,8 @@ class RecurrentModel(nn.Module):
     @torch.no_grad()
     def decode(self, token_ids: Tensor, state: State) -> Tensor:
         # decode measures the state only when someone listens
-        logits, stats = self.steps.decode(self, token_ids, state, self.listener is not None)
+        with generating_tokens():
+            logits, stats = self.steps.decode(self, token_ids, state, self.listener is not None)
         self._report(stats, state, "decode", 1)
         return logits
 
@@ -132,7 +140,8 @@ class RecurrentModel(nn.Module):
         """The logits of every position [B, T, V] of a span of drafted tokens [B, T] (the last
         sampled token, then the drafts). The state is only read: `accept` then lands each row after
         the tokens it keeps, without running any of them again (docs/design.md §8)."""
-        return self.steps.verify(self, token_ids, state)
+        with generating_tokens():
+            return self.steps.verify(self, token_ids, state)
 
     @torch.no_grad()
     def accept(self, state: State, counts: Tensor, drafted: list[int] | None = None) -> None:

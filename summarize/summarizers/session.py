@@ -66,7 +66,7 @@ def load_session(settings: Settings, notify: Callable[[str], None],
     started = time.perf_counter()
     waiting("loading the model")
     try:
-        model = load_model(settings.model, device=settings.device, dtype=dtype, quantize=settings.quantize,
+        model = load_model(settings.model, device=settings.device, dtype=dtype, quantize=engine_quantize(settings),
                            announce=_compiles_told(waiting, notify))
     finally:
         waiting(None)
@@ -93,9 +93,22 @@ def sampling_for(settings: Settings) -> SamplingParams:
     )
 
 
+def engine_quantize(settings: Settings) -> str | None:
+    """`load_model`'s quantize for `settings.quantize` (None: "auto"; "none": None)."""
+    return {None: "auto", "none": None}.get(settings.quantize, settings.quantize)
+
+
+def weight_form(model, settings: Settings) -> str | None:
+    """The form of the weights `model` writes with, beyond its dtype: int8, int4, an int4 copy, or None."""
+    if model.int4_copy_bytes:
+        return "int4 copy"
+    return None if settings.quantize == "none" else settings.quantize
+
+
 def _precision(model, settings: Settings) -> str:
-    quantized = f", {settings.quantize} weights" if settings.quantize else ""
-    return str(model.dtype).removeprefix("torch.") + quantized
+    form = weight_form(model, settings)
+    said = {None: "", "int4 copy": f", an int4 copy ({model.int4_copy_bytes / 2**30:.2f} GiB) to write with"}
+    return str(model.dtype).removeprefix("torch.") + said.get(form, f", {form} weights")
 
 
 def _steps(model) -> str:

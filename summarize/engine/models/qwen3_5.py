@@ -504,6 +504,9 @@ class Qwen35Model(RecurrentModel):
     def dtype(self) -> torch.dtype:
         return self.compute_dtype
 
+    def lookup_tables(self) -> list[nn.Module]:
+        return [] if self.lm_head is self.embed_tokens else [self.embed_tokens]
+
     @property
     def device(self) -> torch.device:
         return self.embed_tokens.weight.device

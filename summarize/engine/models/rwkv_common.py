@@ -217,6 +217,9 @@ class RWKVModel(RecurrentModel):
     def dtype(self) -> torch.dtype:
         return self.embedding.dtype
 
+    def lookup_tables(self) -> list[nn.Module]:
+        return [self.embedding]
+
     @property
     def device(self) -> torch.device:
         return self.ln_out_weight.device

@@ -9,7 +9,10 @@ median of a few turns counts. A candidate whose result is not the reference prod
 tolerance the tests state never wins. The whole run stops after `BUDGET_SECONDS`; what it did not
 reach keeps the portable default (`machine.policy_for`). Where the model's steps will be compiled,
 the compiled streamed loop of a few fp32 rows races torch's GEMM too; its candidates are compiles of
-seconds each, so it is timed on one shape, at the fewest row counts a bisection needs.
+seconds each, so it is timed on one shape, at the fewest row counts a bisection needs. First of all,
+for a model held in full precision, one row through torch's int4 kernel races one row through the
+full weight (compiled, where the steps will be): where int4 wins, a model loaded with
+quantize="auto" keeps an int4 copy to generate tokens with (`int4_copy_generates`).
 `SUMMARIZE_CALIBRATE=0` keeps the portable default whole. How it works: docs/kernel-policy.md.
 """
 
@@ -48,12 +51,13 @@ from summarize.files import user_cache_folder, write_atomic
 
 ENV = "SUMMARIZE_CALIBRATE"  # "0": the portable default policy, nothing timed
 TABLE_NAME = "kernel-policy.json"  # in the user cache folder, beside torchinductor/
-TABLE_FORMAT = 1
+TABLE_FORMAT = 2
 TABLES_KEPT = 16  # machine × model entries in the file, the most recent
 BUDGET_SECONDS = 15.0
 ROW_COUNTS = (1, 2, 3, 4, 6, 9, 16, 32, 64, 128)  # decode batches, verify spans, prefill blocks
 STREAMED_ROW_COUNTS = (1, 2, 3, 4, 6, 9, 12, 16)  # a compiled step's decode batches and verify spans
 PREFILL_ROWS = 64  # the row count a prefill-only choice is timed at
+DECODE_ROWS = 1  # the row count the int4 copy races the full weight at: one summary's decode
 TURNS = 3  # each candidate's timings, taken in turn with the others; the median counts
 COPIES_BYTES = 48 * 2**20  # weights one timing reads, in distinct copies: more than a last-level cache
 MAX_COPIES = 6
@@ -67,6 +71,7 @@ WIDEN_BLOCKS = (512, 1024, 2048, 4096)  # int8 rows widened at a time, fp32
 # Forms whose products no race decides: bf16 (no field decides them), int8 groups (torch's int8
 # kernel takes no group scales; their widening block is the one timed on per-row int8)
 UNTIMED = ("bfloat16", "int8 groups")
+FULL_PRECISION = ("float32", "bfloat16")
 
 Product = Callable[[Tensor, Projection], Tensor]  # x [rows, K], a projection → [rows, N]
 # rows, candidates, deadline (on `time.perf_counter`) → seconds each; None: the deadline came first
@@ -101,7 +106,8 @@ def calibrate_model(model, dtype: torch.dtype, announce: Callable[[str | None], 
     table = read_table(key)
     if table is None:
         # a model of untimed forms times nothing: nothing to announce
-        announcing = announce is not None and any(form not in UNTIMED for form, _, _ in shapes)
+        timed = any(form not in UNTIMED or (form in FULL_PRECISION and machine.POLICY.int4_block_rows) for form, _, _ in shapes)
+        announcing = announce is not None and timed
         if announcing:
             announce(f"timing this CPU's kernels for the model (once per machine; {ENV}=0 skips it)")
         try:
@@ -147,8 +153,11 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
     deadline = time.perf_counter() + budget
 
     def race(label: str, weights: list[tuple[float, int, list[Projection]]], candidates: dict[str, Product], rows: int,
-             tolerance: float) -> str | None:
-        """The fastest exact candidate at `rows` over `weights` (share, K, copies), None when out of time."""
+             tolerance: float, own: dict[str, tuple[Callable[[Projection], Tensor], float]] | None = None) -> str | None:
+        """The fastest exact candidate at `rows` over `weights` (share, K, copies), None when out of
+        time. `own`: candidates that compute with a weight of their own (the int4 copy), checked
+        against it to their own tolerance."""
+        own = own or {}
         nonlocal complete
         totals: dict[str, float | None] = dict.fromkeys(candidates, 0.0)
         read = 0.0
@@ -159,7 +168,14 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
             x = torch.randn(rows, K).to(dtype)
             read += share * sum(b.nbytes for b in copies[0].buffers())
             want = F.linear(x.float(), dequantized(copies[0]))
-            exact = {name: product for name, product in candidates.items() if close(product(x, copies[0]), want, tolerance)}
+
+            def exact_enough(name: str, product: Product) -> bool:
+                if name not in own:
+                    return close(product(x, copies[0]), want, tolerance)
+                weight_of, its_tolerance = own[name]
+                return close(product(x, copies[0]), F.linear(x.float(), weight_of(copies[0])), its_tolerance)
+
+            exact = {name: product for name, product in candidates.items() if exact_enough(name, product)}
             seconds = timer(rows, {name: _over(product, x, copies) for name, product in exact.items()}, deadline)
             if seconds is None:
                 complete = False
@@ -174,6 +190,15 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
     held = Counter()  # weights by form: the form that holds most is timed first
     for (form, n, k), count in shapes.items():
         held[form] += n * k * count
+    main = held.most_common(1)[0][0] if held else None
+    if main in FULL_PRECISION and machine.POLICY.int4_block_rows is not None:
+        weights = timed_weights(shapes, main, dtype, int4_copy=True)
+        if weights:
+            candidates = full_precision_candidates(dtype, compiles) | {"int4 copy": int4_copy_product}
+            own = {"int4 copy": (copy_dequantized, TOLERANCE[torch.bfloat16])}
+            winner = race("int4 copy generates", weights, candidates, DECODE_ROWS, TOLERANCE[dtype], own)
+            if winner is not None:
+                chosen["int4_copy_generates"] = int(winner == "int4 copy")
     for form, _ in held.most_common():
         if form in UNTIMED:
             continue
@@ -214,6 +239,27 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
     return Table(chosen, races, clock() - started, complete)
 
 
+def full_precision_candidates(dtype: torch.dtype, compiles: bool) -> dict[str, Product]:
+    """The ways one row through a full-precision weight may go: in fp32, torch's GEMM either way
+    round or (compiled) a streamed loop, whichever the later races pick; in bf16, what a compiled
+    decode step runs (`linear`'s streamed loop), or eagerly torch's GEMM."""
+    loop = torch.compile(lambda x, weight: streamed(x, weight), dynamic=False) if compiles else None
+    if dtype == torch.float32:
+        ways = {"x @ Wᵀ": lambda x, p: F.linear(x, p.weight), "W @ xᵀ": lambda x, p: weight_first(x, p.weight)}
+        return ways | ({"streamed loop, compiled": lambda x, p: loop(x, p.weight)} if compiles else {})
+    if compiles:
+        return {"streamed loop, compiled": lambda x, p: loop(x, p.weight)}
+    return {"GEMM": lambda x, p: F.linear(x, p.weight)}
+
+
+def int4_copy_product(x: Tensor, projection: Projection) -> Tensor:
+    return int4_kernel(x, projection.int4_copy, projection.int4_copy_scale_and_zero, projection.int4_copy_group)
+
+
+def copy_dequantized(projection: Projection) -> Tensor:
+    return dequantize_int4(projection.int4_copy, projection.int4_copy_scale_and_zero, projection.int4_copy_group, torch.float32)
+
+
 def _rows_won(race: Callable[[int], str | None], candidate: str) -> tuple[int, int] | None:
     """The first and last of the row counts that `candidate` wins in a run: from its first win up
     to its next loss. (1, 0): it wins none. None: out of time before the run ended."""
@@ -243,9 +289,11 @@ def _rows_won_from_one(race: Callable[[int], str | None], candidate: str, row_co
     return row_counts[low - 1] if low else 0
 
 
-def timed_weights(shapes: Counter[tuple[str, int, int]], form: str, dtype: torch.dtype) -> list[tuple[float, int, list[Projection]]]:
+def timed_weights(shapes: Counter[tuple[str, int, int]], form: str, dtype: torch.dtype,
+                  int4_copy: bool = False) -> list[tuple[float, int, list[Projection]]]:
     """Random weights in `form` of the shapes that hold most of the model's weights in it: (how many
-    of it the model holds, its input channels K, its distinct copies)."""
+    of it the model holds, its input channels K, its distinct copies). `int4_copy`: each with an
+    int4 copy, in as many copies as the int4 copies need to be read from memory."""
     mine = sorted(((n * k * count, n, k, count) for (f, n, k), count in shapes.items() if f == form), reverse=True)
     timed = []
     for _, N, K, count in mine[:SHAPES_TIMED]:
@@ -253,8 +301,11 @@ def timed_weights(shapes: Counter[tuple[str, int, int]], form: str, dtype: torch
         one = quantized(Projection(torch.randn(rows, K).to(dtype)), None if form in ("float32", "bfloat16") else form)
         if form == "int4" and one.scale_and_zero is None:  # a shape torch's int4 kernel cannot take
             continue
-        size = sum(b.nbytes for b in one.buffers())
-        copies = [one] + [copy.deepcopy(one) for _ in range(min(MAX_COPIES, max(2, math.ceil(COPIES_BYTES / size))) - 1)]
+        if int4_copy and not one.add_int4_copy():
+            continue
+        size = one.int4_copy.nbytes if int4_copy else sum(b.nbytes for b in one.buffers())
+        most = MAX_COPIES * (4 if int4_copy else 1)  # an int4 copy is a quarter of bf16's bytes or less
+        copies = [one] + [copy.deepcopy(one) for _ in range(min(most, max(2, math.ceil(COPIES_BYTES / size))) - 1)]
         timed.append((count * N / rows, K, copies))
     return timed
 

@@ -16,12 +16,19 @@ model's dtype). int4 runs on torch's CPU int4 kernel for a few rows, which reads
 weight; with more rows than the policy gives it, it dequantizes and calls the GEMM.
 `Int8Groups` and `Int4Groups` are the grouped forms on their own, as a weight file that is already
 quantized (GGUF's Q8_0, Q6_K; Q4_0, Q4_1, Q4_K) hands them over, exactly as it stores them.
+
+A full-precision projection may also hold an int4 copy of its weight (`add_int4_copy`), read by the
+steps that generate tokens (`generating_tokens`: decode and verify) while reading a prompt takes
+the full weight: torch's GEMM is fast for many rows, the int4 kernel reads a quarter of bf16's
+bytes for one. Every generated token's logits then come from the copy, whether decoded one at a
+time or verified in a span, so speculative and plain decoding still write the same text.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +46,20 @@ STREAMED_MAX_ROWS = 2
 QUANTIZE_BLOCK_ROWS = 1024  # rows quantized at a time: fp32 temporaries small enough to stay in cache
 INT4_LEVELS = 15  # codes 0..15, read as (code - 8) · scale + zero by torch's kernel
 INT4_GROUP = 64  # input channels per scale and zero (torch's kernel takes 32, 64, 128 or 256)
+
+
+_generating = False  # inside `generating_tokens`: projections with an int4 copy read it
+
+
+@contextmanager
+def generating_tokens() -> Iterator[None]:
+    """The steps inside generate tokens (decode, verify): projections read their int4 copies."""
+    global _generating
+    before, _generating = _generating, True
+    try:
+        yield
+    finally:
+        _generating = before
 
 
 def linear(x: Tensor, weight: Tensor) -> Tensor:
@@ -286,6 +307,9 @@ class Projection(nn.Module):
         self.register_buffer("scale", None)  # int8: [N] in the model's dtype, or [N, K/group]
         self.register_buffer("scale_and_zero", None)  # int4: [K/group, N, 2] bf16
         self.group = 0  # int4 and int8 groups: input channels per scale
+        self.register_buffer("int4_copy", None)  # a full-precision weight's int4 copy (`add_int4_copy`)
+        self.register_buffer("int4_copy_scale_and_zero", None)
+        self.int4_copy_group = 0
         self.dtype = weight.dtype  # what it computes in
         if isinstance(weight, Int4Groups) and not int4_takes(weight.shape, weight.group, weight.codes.device):
             weight = weight.dequantized(weight.dtype)  # a shape or device torch's int4 kernel cannot take
@@ -321,6 +345,8 @@ class Projection(nn.Module):
         return StackedProjections([cls(part) for part in parts])
 
     def forward(self, x: Tensor) -> Tensor:
+        if _generating and self.int4_copy is not None:
+            return linear_int4(x, self.int4_copy, self.int4_copy_scale_and_zero, self.int4_copy_group)
         if self.scale_and_zero is not None:
             return linear_int4(x, self.weight, self.scale_and_zero, self.group)
         if self.scale is None:
@@ -363,30 +389,48 @@ class Projection(nn.Module):
 
     def quantize_int4(self, group: int = INT4_GROUP) -> bool:
         """Store the weight as int4 codes with a bf16 scale and zero per `group` input channels
-        (asymmetric, round to nearest: each group's minimum and maximum are exact up to bf16).
+        (`int4_packed`).
 
         Returns False, and keeps the weight as it is, where torch's CPU kernel cannot take its
         shape (rows not a multiple of its block, or input channels not a multiple of `group`) or
         device.
         """
-        N, K = self.weight.shape
         if self.scale is not None or self.scale_and_zero is not None:
             return self.scale_and_zero is not None
         if not int4_takes(self.weight.shape, group, self.weight.device):
             return False
-        packed = torch.empty(N, K // 2, dtype=torch.uint8)
-        scale_and_zero = torch.empty(K // group, N, 2, dtype=torch.bfloat16)
-        for start in range(0, N, QUANTIZE_BLOCK_ROWS):  # a multiple of the block: packed blocks stay whole
-            rows = slice(start, start + QUANTIZE_BLOCK_ROWS)
-            block = self.weight[rows].float().view(-1, K // group, group)  # fp32 copy: overwritten in place below
-            low, high = torch.aminmax(block, dim=-1)
-            scale = ((high - low) / INT4_LEVELS).clamp_min(torch.finfo(torch.float32).tiny).bfloat16().float()
-            zero = (low + 8 * scale).bfloat16().float()  # code 0 reads as the group's minimum
-            codes = block.sub_(zero[..., None]).div_(scale[..., None]).add_(8).round_().clamp_(0, INT4_LEVELS)
-            packed[rows], scale_and_zero[:, rows] = packed_int4(codes.view(-1, K), scale, zero)
-        self.weight = packed
-        self.scale_and_zero, self.group = scale_and_zero, group
+        self.weight, self.scale_and_zero = int4_packed(self.weight, group)
+        self.group = group
         return True
+
+    def add_int4_copy(self, group: int = INT4_GROUP) -> bool:
+        """Keep an int4 copy of a full-precision weight beside it (`int4_packed`), read inside
+        `generating_tokens`. False where there is none: a quantized weight, or a shape or device
+        torch's int4 kernel cannot take."""
+        if self.scale is not None or self.scale_and_zero is not None or not int4_takes(self.weight.shape, group, self.weight.device):
+            return False
+        self.int4_copy, self.int4_copy_scale_and_zero = int4_packed(self.weight, group)
+        self.int4_copy_group = group
+        return True
+
+
+def int4_packed(weight: Tensor, group: int) -> tuple[Tensor, Tensor]:
+    """weight [N, K] → torch's int4 packing [N, K/2] uint8 and scale_and_zero [K/group, N, 2] bf16:
+    asymmetric, round to nearest, each group's minimum and maximum exact up to bf16. Works through
+    the rows in blocks, so the fp32 temporaries stay small (the 248K-row head would otherwise need
+    a gigabyte of them)."""
+    N, K = weight.shape
+    packed = torch.empty(N, K // 2, dtype=torch.uint8)
+    scale_and_zero = torch.empty(K // group, N, 2, dtype=torch.bfloat16)
+    for start in range(0, N, QUANTIZE_BLOCK_ROWS):  # a multiple of the block: packed blocks stay whole
+        rows = slice(start, start + QUANTIZE_BLOCK_ROWS)
+        block = weight[rows].to(torch.float32, copy=True).view(-1, K // group, group)  # overwritten in place below
+        low, high = torch.aminmax(block, dim=-1)
+        scale = ((high - low) / INT4_LEVELS).clamp_min(torch.finfo(torch.float32).tiny).bfloat16().float()
+        zero = (low + 8 * scale).bfloat16().float()  # code 0 reads as the group's minimum
+        codes = block.sub_(zero[..., None]).div_(scale[..., None]).add_(8).round_().clamp_(0, INT4_LEVELS)
+        packed[rows], scale_and_zero[:, rows] = packed_int4(codes.view(-1, K), scale, zero)
+    return packed, scale_and_zero
 
 
 class StackedProjections(nn.Module):

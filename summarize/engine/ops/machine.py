@@ -33,6 +33,9 @@ class CpuPolicy:
     widen_block_rows: int  # int8 rows widened to fp32 at a time by an eager fp32 product: a block that stays in cache
     int4_kernel_max_rows: int  # up to this many rows torch's int4 kernel; more: dequantize, then GEMM
     int4_block_rows: int | None  # rows per block of torch's int4 packing here (None: no int4)
+    # 1: a full-precision model loaded with quantize="auto" keeps an int4 copy of its weights for
+    # the steps that generate tokens (`Projection.add_int4_copy`); 0: it keeps its weights alone
+    int4_copy_generates: int
     chunk_token_heads: int  # token × head rows per block of the chunked recurrences
 
 
@@ -48,6 +51,7 @@ def policy_for(multiplies_bf16: bool, int4_block_rows: int | None) -> CpuPolicy:
         widen_block_rows=512,
         int4_kernel_max_rows=64,
         int4_block_rows=int4_block_rows,
+        int4_copy_generates=0,
         chunk_token_heads=2048,
     )
 

@@ -1,0 +1,139 @@
+"""An int4 copy to generate tokens with: a full-precision model reads its prompts with its own
+weights and writes with an int4 copy of them (`quantize="auto"`, where the calibration found
+torch's int4 kernel faster for one row; the policy is installed by hand here).
+
+Tolerances:
+- outside `generating_tokens` a projection with a copy computes exactly what it did without one;
+  inside, x @ (the copy's dequantized weight)ᵀ to 1e-2 of the largest output (the kernel reads x
+  in bf16: tests/test_quantize.py);
+- the model: prefill logits equal the full model's bit for bit (the same code reads the same
+  weights); decode logits are the full model's given the copy's dequantized weights, to 2e-2 of
+  the largest logit (the kernel's bf16 input, amplified by the tiny random model: as int4's own
+  decode in tests/test_quantize.py);
+- greedy output with and without speculation: the same tokens, exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from summarize.engine import load_model, loading
+from summarize.engine.generation.generate import GenerationRequest, Speculation, generate_batch
+from summarize.engine.ops import machine
+from summarize.engine.ops.linear import INT4_GROUP, Projection, dequantize_int4, generating_tokens
+from test_generate import TOK
+from test_speculative import FixedCosts, noisy_copy
+from tiny_models import dense_reference, save_checkpoint
+
+VOCAB = 384
+
+
+def copy_dequantized(projection: Projection) -> torch.Tensor:
+    return dequantize_int4(projection.int4_copy, projection.int4_copy_scale_and_zero, projection.int4_copy_group, torch.float32)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A head of its own: the embedding is read by row only, so it keeps no copy."""
+    return save_checkpoint(dense_reference(tie_word_embeddings=False), tmp_path_factory.mktemp("dense"))
+
+
+@pytest.fixture
+def copies_pay(monkeypatch):
+    """The policy of a machine whose calibration found one row of int4 faster than the full weight."""
+    monkeypatch.setattr(machine, "POLICY", replace(machine.POLICY, int4_copy_generates=1))
+
+
+def test_a_projection_reads_its_int4_copy_only_while_generating_tokens():
+    gen = torch.Generator().manual_seed(0)
+    projection = Projection(torch.randn(128, 256, generator=gen))
+    x = torch.randn(3, 256, generator=gen)
+    before = projection(x)
+    assert projection.add_int4_copy()
+    assert torch.equal(projection(x), before)
+    with generating_tokens():
+        got = projection(x)
+    want = F.linear(x, copy_dequantized(projection))
+    assert (got - want).abs().max() <= 1e-2 * want.abs().max()
+    assert (got - before).abs().max() > 1e-2 * before.abs().max()  # the copy is int4: it reads otherwise
+    assert torch.equal(projection(x), before)  # the switch ends with the steps
+
+
+def test_only_full_precision_weights_the_int4_kernel_takes_get_a_copy():
+    quantized = Projection(torch.randn(128, 256))
+    quantized.quantize_int8()
+    assert not quantized.add_int4_copy() and quantized.int4_copy is None
+    assert not Projection(torch.randn(50, 256)).add_int4_copy()  # rows not a multiple of the packing's block
+    assert not Projection(torch.randn(128, INT4_GROUP + 8)).add_int4_copy()  # input channels not in whole groups
+
+
+def test_a_model_reads_prompts_with_its_weights_and_generates_from_its_copy(folder, copies_pay):
+    full = load_model(folder, device="cpu", dtype=torch.float32, compile=False)
+    auto = load_model(folder, device="cpu", dtype=torch.float32, compile=False, quantize="auto")
+    copied = [p for p in auto.modules() if isinstance(p, Projection) and p.int4_copy is not None]
+    assert auto.embed_tokens.int4_copy is None and auto.lm_head in copied
+    assert auto.int4_copy_bytes == sum(p.int4_copy.nbytes + p.int4_copy_scale_and_zero.nbytes for p in copied)
+    ids = torch.randint(0, VOCAB, (1, 40), generator=torch.Generator().manual_seed(1))
+    auto_state, full_state, plain_state = auto.new_state(1), full.new_state(1), full.new_state(1)
+    assert torch.equal(auto.prefill(ids, auto_state), full.prefill(ids, full_state))
+    full.prefill(ids, plain_state)
+    plain = full.decode(torch.tensor([7]), plain_state)
+    for mine, theirs in zip(auto.modules(), full.modules()):  # the full model, given the copies' weights
+        if isinstance(mine, Projection) and mine.int4_copy is not None:
+            theirs.weight = copy_dequantized(mine)
+    want = full.decode(torch.tensor([7]), full_state)
+    got = auto.decode(torch.tensor([7]), auto_state)
+    assert (got - want).abs().max() <= 2e-2 * want.abs().max()
+    assert (got - plain).abs().max() > 2e-2 * plain.abs().max()
+
+
+def test_greedy_output_is_the_same_with_and_without_speculation_from_an_int4_copy(folder, copies_pay):
+    """Decode and verify both read the copy: a verified span gives the tokens decoding would."""
+    model = load_model(folder, device="cpu", dtype=torch.float32, compile=False, quantize="auto")
+    assert model.int4_copy_bytes
+    prompts = torch.randint(0, VOCAB, (3, 9), generator=torch.Generator().manual_seed(3))
+
+    def run(speculate: int, contexts=None):
+        return generate_batch(model, model.new_state(3), GenerationRequest(
+            prompts=prompts, tokenizer=TOK, stop_ids=[], max_new_tokens=48, contexts=contexts,
+            speculation=Speculation(most=speculate, costs=FixedCosts(3, 0.0))))
+
+    plain = run(0)
+    contexts = [prompts[row].tolist() + noisy_copy(gen.token_ids, VOCAB, 7 + row, 5 + 3 * row) for row, gen in enumerate(plain)]
+    speculative = run(8, contexts)
+    assert [g.token_ids for g in speculative] == [g.token_ids for g in plain]
+    assert all(0 < g.accepted_tokens < g.draft_tokens for g in speculative)
+
+
+def test_compiled_steps_read_the_copy_where_eager_ones_do(folder, copies_pay):
+    """The switch holds inside compiled graphs: the prefill graph reads the full weights, the decode
+    graph the copies (to the tolerance of int4's compiled and eager decode, tests/test_quantize.py)."""
+    eager = load_model(folder, device="cpu", dtype=torch.float32, compile=False, quantize="auto")
+    compiled = load_model(folder, device="cpu", dtype=torch.float32, compile=True, quantize="auto")
+    compiled.compiled.prefill_from = 1  # the short prompt below through the prefill graphs too
+    prefilled, decoded = {}, {}
+    for name, model in (("eager", eager), ("compiled", compiled)):
+        state = model.new_state(1)
+        prefilled[name] = model.prefill(torch.arange(30)[None] % VOCAB, state)
+        decoded[name] = torch.stack([model.decode(torch.tensor([t]), state) for t in (7, 1, 8)])
+    assert compiled.compiled.prefill_ready
+    assert (prefilled["compiled"] - prefilled["eager"]).abs().max() <= 1e-4 * prefilled["eager"].abs().max()
+    assert (decoded["compiled"] - decoded["eager"]).abs().max() <= 2e-2 * decoded["eager"].abs().max()
+
+
+def test_auto_keeps_the_weights_alone_where_the_copy_does_not_pay(folder):
+    """The portable policy (nothing timed: the tests' own) keeps no copy."""
+    model = load_model(folder, device="cpu", dtype=torch.float32, compile=False, quantize="auto")
+    assert model.int4_copy_bytes == 0
+    assert all(p.int4_copy is None for p in model.modules() if isinstance(p, Projection))
+
+
+def test_no_copy_where_it_would_take_half_the_available_memory(folder, copies_pay, monkeypatch):
+    monkeypatch.setattr(loading, "available_bytes", lambda: 1000)
+    model = load_model(folder, device="cpu", dtype=torch.float32, compile=False, quantize="auto")
+    assert model.int4_copy_bytes == 0 and all(p.int4_copy is None for p in model.modules() if isinstance(p, Projection))
+    assert any(note.startswith("no int4 copy to generate with") for note in model.load_notes)
