@@ -91,7 +91,7 @@ def test_an_order_that_never_wins_is_never_taken():
 @pytest.mark.parametrize("up_to", [0, 1, 9, 32, ROW_COUNTS[-1]])
 def test_a_kernel_for_few_rows_takes_the_rows_it_wins_from_one(form, dtype, winner, field, up_to):
     table = calibrate(shapes(form), dtype, timer=faster(winner, range(1, up_to + 1)))
-    assert table.fields == {field: up_to}
+    assert {name: value for name, value in table.fields.items() if name != "int8_activations"} == {field: up_to}
 
 
 @pytest.mark.parametrize("up_to", [0, 1, 4, 16])
@@ -125,6 +125,24 @@ def test_a_full_precision_model_generates_from_an_int4_copy_where_one_row_of_int
     race = table.races[0]
     assert race["decision"] == "int4 copy generates" and race["rows"] == 1 and {"int4 copy", rival} <= set(race["seconds"])
     assert all(seconds is not None for seconds in race["seconds"].values())  # each exact to its own weight
+
+
+@pytest.mark.parametrize("form", ["bfloat16", "int8"])
+@pytest.mark.parametrize("int8_wins", [True, False])
+def test_many_bf16_rows_are_multiplied_in_int8_where_that_wins(form, int8_wins):
+    """A prefill's share of rows: the weights as int8 with x rounded to int8 too, against the bf16
+    GEMM (a bf16 model: what quantize="auto" would store) or against dequantizing (an int8 one)."""
+    rival = "GEMM" if form == "bfloat16" else "dequantize, GEMM"
+    timer = faster("int8 activations" if int8_wins else rival, range(calibration.READ_ROWS, calibration.READ_ROWS + 1))
+    table = calibrate(shapes(form), torch.bfloat16, timer=timer)
+    assert table.fields["int8_activations"] == int(int8_wins)
+    race = next(race for race in table.races if race["rows"] == calibration.READ_ROWS)
+    assert set(race["seconds"]) == {rival, "int8 activations"} and None not in race["seconds"].values()
+
+
+def test_fp32_models_never_multiply_in_int8():
+    table = calibrate(shapes("float32"), torch.float32, timer=faster("int8 activations", range(1, 1000)))
+    assert "int8_activations" not in table.fields
 
 
 @pytest.mark.parametrize("form", ["int4", "int8"])

@@ -17,6 +17,8 @@ Tolerances:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -25,7 +27,7 @@ from summarize.engine import load_model
 from summarize.engine.compiled import PREFILL_COMPILE_TOKENS
 from summarize.engine.ops import machine
 from summarize.engine.ops.int4_packing import int4_codes
-from summarize.engine.ops.linear import INT4_GROUP, INT4_LEVELS, INT8_MAX, Projection, dequantize_int4
+from summarize.engine.ops.linear import INT4_GROUP, INT4_LEVELS, INT8_MAX, Projection, dequantize_int4, int8_activations
 from summarize.errors import SummarizeError
 from tiny_models import RWKV6_TINY, RWKV_TINY, blinkdl_checkpoint, dense_reference, rwkv6_checkpoint, save_checkpoint
 
@@ -230,3 +232,51 @@ def test_rwkv_quantizes_through_the_same_projections(tmp_path, mode, family):
     ids = torch.randint(0, RWKV_TINY["vocab"], (1, INT4_KERNEL_MAX_ROWS + 1), generator=torch.Generator().manual_seed(0))  # GEMM
     want = full(ids, full.new_state(1))
     assert (quantized(ids, quantized.new_state(1)) - want).abs().max() <= 1e-4 * want.abs().max()
+
+
+# -- int8 activations ---------------------------------------------------------------------------
+# x rounded to int8 with a scale per row, multiplied in int8: each product within 2e-2 of the
+# largest output of x @ (the dequantized weight)ᵀ (`calibration.INT8_ACTIVATIONS_TOLERANCE`;
+# measured about 1e-2 on these Gaussian inputs, twice bf16's rounding)
+
+
+def int8_projection(rows: int = 192, columns: int = 256) -> Projection:
+    projection = Projection(torch.randn(rows, columns, generator=torch.Generator().manual_seed(5)).bfloat16())
+    projection.quantize_int8()
+    return projection
+
+
+@pytest.mark.parametrize("rows", [17, 64, 300])
+def test_int8_activations_compute_the_product_to_their_tolerance(rows):
+    projection = int8_projection()
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).bfloat16()
+    want = x.float() @ dequantized(projection).t()
+    got = int8_activations(x, projection.weight, projection.scale)
+    assert got.dtype == torch.bfloat16 and (got.float() - want).abs().max() <= 2e-2 * want.abs().max()
+
+
+@pytest.mark.parametrize("on", [0, 1])
+def test_many_rows_by_int8_weights_take_int8_activations_where_the_policy_says(on, monkeypatch):
+    monkeypatch.setattr(machine, "POLICY", replace(machine.POLICY, int8_activations=on))
+    projection = int8_projection()
+    few, many = machine.POLICY.int8_packed_max_rows, machine.POLICY.int8_packed_max_rows + 1
+    for rows in (few, many):
+        x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).bfloat16()
+        reads_int8 = torch.equal(projection(x), int8_activations(x, projection.weight, projection.scale))
+        assert reads_int8 == bool(on and rows == many), rows
+
+
+def test_auto_reads_as_int8_does_and_writes_from_its_int4_copy(monkeypatch, tmp_path):
+    """Where both pay (the policy installed by hand), quantize="auto" stores the weights as int8,
+    which prefill reads with int8 activations exactly as an int8 model does, and decodes from int4
+    copies made from the weights before that."""
+    monkeypatch.setattr(machine, "POLICY", replace(machine.POLICY, int8_activations=1, int4_copy_generates=1))
+    folder = save_checkpoint(dense_reference(tie_word_embeddings=False), tmp_path)
+    auto = load_model(folder, device="cpu", dtype=torch.bfloat16, compile=False, quantize="auto")
+    int8 = load_model(folder, device="cpu", dtype=torch.bfloat16, compile=False, quantize="int8")
+    assert auto.reads_int8 and auto.int4_copy_bytes
+    assert all(p.scale is not None for p in auto.modules() if isinstance(p, Projection))
+    ids = torch.arange(40)[None] % VOCAB
+    auto_state, int8_state = auto.new_state(1), int8.new_state(1)
+    assert torch.equal(auto.prefill(ids, auto_state), int8.prefill(ids, int8_state))
+    assert not torch.equal(auto.decode(torch.tensor([7]), auto_state), int8.decode(torch.tensor([7]), int8_state))

@@ -99,16 +99,22 @@ def engine_quantize(settings: Settings) -> str | None:
 
 
 def weight_form(model, settings: Settings) -> str | None:
-    """The form of the weights `model` writes with, beyond its dtype: int8, int4, an int4 copy, or None."""
-    if model.int4_copy_bytes:
-        return "int4 copy"
-    return None if settings.quantize == "none" else settings.quantize
+    """The form of the weights `model` reads and writes with, beyond its dtype: "int8", "int4",
+    "int8 reads" and "int4 copy" (quantize="auto"'s, either or both, comma-separated), or None."""
+    copy = "int4 copy" if model.int4_copy_bytes else None
+    if model.reads_int8:
+        return "int8 reads" + (f", {copy}" if copy else "")
+    return copy or (None if settings.quantize == "none" else settings.quantize)
 
 
 def _precision(model, settings: Settings) -> str:
     form = weight_form(model, settings)
-    said = {None: "", "int4 copy": f", an int4 copy ({model.int4_copy_bytes / 2**30:.2f} GiB) to write with"}
-    return str(model.dtype).removeprefix("torch.") + said.get(form, f", {form} weights")
+    if form is None:
+        return str(model.dtype).removeprefix("torch.")
+    said = {"int4 copy": f"an int4 copy ({model.int4_copy_bytes / 2**30:.2f} GiB) to write with",
+            "int8 reads": "int8 weights read with int8 activations"}
+    parts = [said.get(part, f"{part} weights") for part in form.split(", ")]
+    return ", ".join([str(model.dtype).removeprefix("torch."), *parts])
 
 
 def _steps(model) -> str:

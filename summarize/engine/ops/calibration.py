@@ -12,7 +12,9 @@ the compiled streamed loop of a few fp32 rows races torch's GEMM too; its candid
 seconds each, so it is timed on one shape, at the fewest row counts a bisection needs. First of all,
 for a model held in full precision, one row through torch's int4 kernel races one row through the
 full weight (compiled, where the steps will be): where int4 wins, a model loaded with
-quantize="auto" keeps an int4 copy to generate tokens with (`int4_copy_generates`).
+quantize="auto" keeps an int4 copy to generate tokens with (`int4_copy_generates`); and in bf16,
+a prefill's share of rows through the weight races the same rows through the weight stored as int8
+with x rounded to int8 too: where that wins, quantize="auto" stores it so (`int8_activations`).
 `SUMMARIZE_CALIBRATE=0` keeps the portable default whole. How it works: docs/kernel-policy.md.
 """
 
@@ -40,6 +42,7 @@ from summarize.engine.ops.linear import (
     dequantize_int4,
     int4_dequantized,
     int4_kernel,
+    int8_activations,
     int8_dequantized,
     int8_kernel,
     int8_widened,
@@ -51,13 +54,14 @@ from summarize.files import user_cache_folder, write_atomic
 
 ENV = "SUMMARIZE_CALIBRATE"  # "0": the portable default policy, nothing timed
 TABLE_NAME = "kernel-policy.json"  # in the user cache folder, beside torchinductor/
-TABLE_FORMAT = 2
+TABLE_FORMAT = 3
 TABLES_KEPT = 16  # machine × model entries in the file, the most recent
 BUDGET_SECONDS = 15.0
 ROW_COUNTS = (1, 2, 3, 4, 6, 9, 16, 32, 64, 128)  # decode batches, verify spans, prefill blocks
 STREAMED_ROW_COUNTS = (1, 2, 3, 4, 6, 9, 12, 16)  # a compiled step's decode batches and verify spans
 PREFILL_ROWS = 64  # the row count a prefill-only choice is timed at
 DECODE_ROWS = 1  # the row count the int4 copy races the full weight at: one summary's decode
+READ_ROWS = 256  # the row count int8 activations race the others at: a share of a prefill block
 TURNS = 3  # each candidate's timings, taken in turn with the others; the median counts
 COPIES_BYTES = 48 * 2**20  # weights one timing reads, in distinct copies: more than a last-level cache
 MAX_COPIES = 6
@@ -67,6 +71,9 @@ PACKED_ROWS = 64  # rows of a timed weight are a multiple of this (torch's int4 
 # Largest error of a product against the fp32 reference, as a share of its largest value: fp32
 # (tests/test_linear.py) and a product that reads x in bf16 (tests/test_quantize.py)
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
+# x rounded to int8 with a scale per row moves each product by about twice what bf16's rounding
+# does (tests/test_linear.py): held to twice its tolerance
+INT8_ACTIVATIONS_TOLERANCE = 2e-2
 WIDEN_BLOCKS = (512, 1024, 2048, 4096)  # int8 rows widened at a time, fp32
 # Forms whose products no race decides: bf16 (no field decides them), int8 groups (torch's int8
 # kernel takes no group scales; their widening block is the one timed on per-row int8)
@@ -199,6 +206,16 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
             winner = race("int4 copy generates", weights, candidates, DECODE_ROWS, TOLERANCE[dtype], own)
             if winner is not None:
                 chosen["int4_copy_generates"] = int(winner == "int4 copy")
+    if main == "bfloat16" and dtype == torch.bfloat16:
+        weights = timed_weights(shapes, main, dtype)
+        if weights:  # the weights as int8 (what quantize="auto" would store), x rounded to int8 too
+            twins = {id(p): quantized(copy.deepcopy(p), "int8") for _, _, copies in weights for p in copies}
+            candidates = {"GEMM": lambda x, p: F.linear(x, p.weight),
+                          "int8 activations": lambda x, p: int8_product(x, twins[id(p)])}
+            own = {"int8 activations": (lambda p: dequantized(twins[id(p)]), INT8_ACTIVATIONS_TOLERANCE)}
+            winner = race("int8 reads", weights, candidates, READ_ROWS, TOLERANCE[dtype], own)
+            if winner is not None:
+                chosen["int8_activations"] = int(winner == "int8 activations")
     for form, _ in held.most_common():
         if form in UNTIMED:
             continue
@@ -230,6 +247,11 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
             most = _rows_won_from_one(lambda rows: race("int8", weights, few, rows, TOLERANCE[torch.bfloat16]), "int8 kernel")
             if most is not None:
                 chosen["int8_packed_max_rows"] = most
+            many = {"dequantize, GEMM": lambda x, p: int8_dequantized(x, p.weight, p.scale), "int8 activations": int8_product}
+            own = {"int8 activations": (dequantized, INT8_ACTIVATIONS_TOLERANCE)}
+            winner = race("int8 activations", weights, many, READ_ROWS, TOLERANCE[torch.bfloat16], own)
+            if winner is not None:
+                chosen["int8_activations"] = int(winner == "int8 activations")
         elif form == "int4":
             few = {"int4 kernel": lambda x, p: int4_kernel(x, p.weight, p.scale_and_zero, p.group),
                    "dequantize, GEMM": lambda x, p: int4_dequantized(x, p.weight, p.scale_and_zero, p.group)}
@@ -250,6 +272,10 @@ def full_precision_candidates(dtype: torch.dtype, compiles: bool) -> dict[str, P
     if compiles:
         return {"streamed loop, compiled": lambda x, p: loop(x, p.weight)}
     return {"GEMM": lambda x, p: F.linear(x, p.weight)}
+
+
+def int8_product(x: Tensor, projection: Projection) -> Tensor:
+    return int8_activations(x, projection.weight, projection.scale)
 
 
 def int4_copy_product(x: Tensor, projection: Projection) -> Tensor:

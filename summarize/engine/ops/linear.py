@@ -91,6 +91,8 @@ def linear_int8(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
       memory-bound (torch's int8 kernel is slow with fp32 rows, and takes no group scales);
     - in bf16 with a scale per row, a few rows, compiled or not: torch's int8 kernel (with AMX it
       reads int8 faster than a streamed loop does);
+    - in bf16 with a scale per row, more rows, where the policy says so: x rounded to int8 too,
+      multiplied in int8 (`int8_activations`);
     - otherwise (more rows are compute-bound): dequantize, then GEMM."""
     rows = x.reshape(-1, x.shape[-1])
     policy = machine.POLICY
@@ -102,6 +104,8 @@ def linear_int8(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
         return streamed(x, weight, scale)
     if on_cpu and few:
         return int8_kernel(rows, weight, scale).reshape(*x.shape[:-1], weight.shape[0])
+    if on_cpu and policy.int8_activations and not widens:
+        return int8_activations(rows, weight, scale).reshape(*x.shape[:-1], weight.shape[0])
     return int8_dequantized(x, weight, scale)
 
 
@@ -140,6 +144,16 @@ def int8_widened(rows: Tensor, weight: Tensor, scale: Tensor, block_rows: int) -
 def int8_kernel(rows: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     """torch's int8 kernel (one scale per row): reads the weight in one pass."""
     return torch._weight_int8pack_mm(rows.contiguous(), weight, scale)
+
+
+def int8_activations(rows: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    """rows rounded to int8 with a scale per row (symmetric, as the weight), multiplied by the int8
+    weight in int8 with int32 sums (`torch._int_mm`: VNNI or AMX-INT8 where the CPU has them), then
+    scaled by both: each x moves by at most half its row's step, |x|max / 254."""
+    step = rows.float().abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny) / INT8_MAX
+    codes = (rows.float() / step).round_().to(torch.int8)
+    sums = torch._int_mm(codes, weight.t())
+    return (sums.float() * step * scale.float()).to(rows.dtype)
 
 
 def int8_dequantized(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
