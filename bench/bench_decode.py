@@ -5,7 +5,8 @@
         --gguf /tmp/q08-Q4_K_M.gguf
 
 A model is anything `-m` takes (a folder, a GGUF file); `MODEL@int4` or `MODEL@int8` quantizes it
-at load. Each measurement is a process of its own (`load_model` as `summarize` loads it: compiled,
+at load, `MODEL@auto` loads it as `summarize` does by default (a bare MODEL: the weights as loaded,
+`--quantize none`). Each measurement is a process of its own (`load_model` as `summarize` loads it: compiled,
 calibrated), so its peak RSS is that model's: a random prompt of --prompt tokens, 4 untimed steps,
 then --steps greedy steps timed. The models take turns for --rounds rounds (A B C A B C), so a
 machine whose speed drifts does not favour one. Greedy steps never stop early: the loop runs the
@@ -89,7 +90,7 @@ def memory_rates() -> tuple[float, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("models", nargs="+", help="what -m takes; MODEL@int4 or MODEL@int8 quantizes it at load")
+    p.add_argument("models", nargs="+", help="what -m takes; MODEL@int4, MODEL@int8 or MODEL@auto loads it so (bare: the weights as loaded)")
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--steps", type=int, default=48)
     p.add_argument("--rounds", type=int, default=2)
