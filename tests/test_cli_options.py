@@ -142,3 +142,27 @@ def test_torch_is_not_imported_without_a_device_to_check(source: Path, args: lis
     proc = subprocess.run([sys.executable, "-c", TORCH_IMPORTED, str(source), *args], capture_output=True,
                           text=True, env=env, cwd=ROOT, timeout=120)
     assert proc.stdout.split() == [str(code), "False"], proc.stderr
+
+
+# --- the weights' form --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("value", "loads_as"), [(None, "auto"), ("auto", "auto"), ("none", None), ("int8", "int8"), ("int4", "int4")])
+def test_quantize_reaches_the_loader_as_the_engine_names_it(source: Path, value, loads_as, run_cli, monkeypatch):
+    """No --quantize is auto (what the calibration finds fastest); none is the weights as loaded."""
+    from summarize.errors import SummarizeError
+    from summarize.summarizers import session
+
+    seen = []
+
+    def load_nothing(*args, quantize, **kwargs):
+        seen.append(quantize)
+        raise SummarizeError("no model in this test")
+
+    monkeypatch.setattr(session, "load_model", load_nothing)
+    result = run_cli(str(source), *(["--quantize", value] if value else []), "-m", str(source.parent), "-n", "40")
+    assert seen == [loads_as], result.output
+
+
+def test_an_unknown_quantize_is_a_usage_error(source: Path, run_cli):
+    assert_usage_error(run_cli(str(source), "--quantize", "int2", "--extractive"), "--quantize")
