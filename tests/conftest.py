@@ -117,16 +117,16 @@ def image_only_pdf(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture(autouse=True)
-def _no_network(monkeypatch):
-    """Tests never reach a model hub: a hub id resolves from the local cache or not at all."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-
-@pytest.fixture(autouse=True)
-def _portable_kernel_policy(monkeypatch):
-    """Loading times no kernels in tests (tests/test_calibration.py turns it on): the portable policy."""
-    monkeypatch.setenv("SUMMARIZE_CALIBRATE", "0")
+@pytest.fixture(scope="session", autouse=True)
+def _offline_and_portable():
+    """For the whole session, module-scoped fixtures included (they run before any test's own): no
+    model hub (a hub id resolves from the local cache or not at all), and loading times no kernels,
+    so every test sees the portable policy whatever this machine is (tests/test_calibration.py
+    turns timing on for its own tests)."""
+    with pytest.MonkeyPatch.context() as session:
+        session.setenv("HF_HUB_OFFLINE", "1")
+        session.setenv("SUMMARIZE_CALIBRATE", "0")
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -75,7 +75,8 @@ TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
 # does (tests/test_linear.py): held to twice its tolerance
 INT8_ACTIVATIONS_TOLERANCE = 2e-2
 WIDEN_BLOCKS = (512, 1024, 2048, 4096)  # int8 rows widened at a time, fp32
-# Forms whose products no race decides: bf16 (no field decides them), int8 groups (torch's int8
+# Forms whose own products no race in the loop over forms decides: bf16 (its products have no
+# field; its races are the int4 copy's and int8 reads', run first), int8 groups (torch's int8
 # kernel takes no group scales; their widening block is the one timed on per-row int8)
 UNTIMED = ("bfloat16", "int8 groups")
 FULL_PRECISION = ("float32", "bfloat16")
