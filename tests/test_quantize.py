@@ -240,28 +240,30 @@ def test_rwkv_quantizes_through_the_same_projections(tmp_path, mode, family):
 # measured about 1e-2 on these Gaussian inputs, twice bf16's rounding)
 
 
-def int8_projection(rows: int = 192, columns: int = 256) -> Projection:
-    projection = Projection(torch.randn(rows, columns, generator=torch.Generator().manual_seed(5)).bfloat16())
+def int8_projection(dtype: torch.dtype = torch.bfloat16) -> Projection:
+    projection = Projection(torch.randn(192, 256, generator=torch.Generator().manual_seed(5)).to(dtype))
     projection.quantize_int8()
     return projection
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rows", [17, 64, 300])
-def test_int8_activations_compute_the_product_to_their_tolerance(rows):
-    projection = int8_projection()
-    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).bfloat16()
+def test_int8_activations_compute_the_product_to_their_tolerance(rows, dtype):
+    projection = int8_projection(dtype)
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).to(dtype)
     want = x.float() @ dequantized(projection).t()
     got = int8_activations(x, projection.weight, projection.scale)
-    assert got.dtype == torch.bfloat16 and (got.float() - want).abs().max() <= 2e-2 * want.abs().max()
+    assert got.dtype == dtype and (got.float() - want).abs().max() <= 2e-2 * want.abs().max()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("on", [0, 1])
-def test_many_rows_by_int8_weights_take_int8_activations_where_the_policy_says(on, monkeypatch):
+def test_many_rows_by_int8_weights_take_int8_activations_where_the_policy_says(on, dtype, monkeypatch):
     monkeypatch.setattr(machine, "POLICY", replace(machine.POLICY, int8_activations=on))
-    projection = int8_projection()
+    projection = int8_projection(dtype)
     few, many = machine.POLICY.int8_packed_max_rows, machine.POLICY.int8_packed_max_rows + 1
     for rows in (few, many):
-        x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).bfloat16()
+        x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).to(dtype)
         reads_int8 = torch.equal(projection(x), int8_activations(x, projection.weight, projection.scale))
         assert reads_int8 == bool(on and rows == many), rows
 

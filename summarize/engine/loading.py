@@ -249,8 +249,8 @@ def load_model(
     per row) or "int4" (a scale and a zero per 64 input channels; CPU only), where the family
     supports it; "auto": the weights as loaded, and beside them an int4 copy that generates tokens
     where this machine's calibration found torch's int4 kernel faster for one row
-    (`add_int4_copies`), the weights stored as int8 for reading where it found bf16 rows faster
-    multiplied in int8 (`int8_activations`); None: the weights as loaded. `announce` hears what is being compiled while
+    (`add_int4_copies`), the weights stored as int8 for reading where it found a prefill's rows
+    faster multiplied in int8 (`int8_activations`); None: the weights as loaded. `announce` hears what is being compiled while
     it is (`CompiledSteps.announce`).
     """
     bound_kernel_caches()  # before the first kernel is built: memory that stays flat over chunks
@@ -296,7 +296,7 @@ def load_model(
         calibrate_model(model, dtype, announce, compiles)  # before any step is compiled: the graphs follow the policy
         if copies and machine.POLICY.int4_copy_generates:
             add_int4_copies(model)
-        if copies and machine.POLICY.int8_activations and dtype == torch.bfloat16:
+        if copies and machine.POLICY.int8_activations:
             quantized(model, "int8")  # reading multiplies int8 by int8 (`linear.int8_activations`)
             model.reads_int8 = True
             release_free_memory()

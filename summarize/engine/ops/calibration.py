@@ -12,8 +12,8 @@ the compiled streamed loop of a few fp32 rows races torch's GEMM too; its candid
 seconds each, so it is timed on one shape, at the fewest row counts a bisection needs. First of all,
 for a model held in full precision, one row through torch's int4 kernel races one row through the
 full weight (compiled, where the steps will be): where int4 wins, a model loaded with
-quantize="auto" keeps an int4 copy to generate tokens with (`int4_copy_generates`); and in bf16,
-a prefill's share of rows through the weight races the same rows through the weight stored as int8
+quantize="auto" keeps an int4 copy to generate tokens with (`int4_copy_generates`); and a
+prefill's share of rows through the weight races the same rows through the weight stored as int8
 with x rounded to int8 too: where that wins, quantize="auto" stores it so (`int8_activations`).
 `SUMMARIZE_CALIBRATE=0` keeps the portable default whole. How it works: docs/kernel-policy.md.
 """
@@ -207,7 +207,7 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
             winner = race("int4 copy generates", weights, candidates, DECODE_ROWS, TOLERANCE[dtype], own)
             if winner is not None:
                 chosen["int4_copy_generates"] = int(winner == "int4 copy")
-    if main == "bfloat16" and dtype == torch.bfloat16:
+    if main in FULL_PRECISION:
         weights = timed_weights(shapes, main, dtype)
         if weights:  # the weights as int8 (what quantize="auto" would store), x rounded to int8 too
             twins = {id(p): quantized(copy.deepcopy(p), "int8") for _, _, copies in weights for p in copies}
@@ -242,6 +242,11 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
             winner = race("int8 widening block, fp32", weights, blocks, PREFILL_ROWS, TOLERANCE[dtype])
             if winner is not None:
                 chosen["widen_block_rows"] = int(winner.split()[1])
+                widened = {f"widen {winner.split()[1]} rows at a time": blocks[winner], "int8 activations": int8_product}
+                own = {"int8 activations": (dequantized, INT8_ACTIVATIONS_TOLERANCE)}
+                many = race("int8 activations, fp32", weights, widened, READ_ROWS, TOLERANCE[dtype], own)
+                if many is not None:
+                    chosen["int8_activations"] = int(many == "int8 activations")
         elif form == "int8":
             few = {"int8 kernel": lambda x, p: int8_kernel(x, p.weight, p.scale),
                    "dequantize, GEMM": lambda x, p: int8_dequantized(x, p.weight, p.scale)}

@@ -83,6 +83,8 @@ def linear_int8(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     one per row [N] or one per group of input channels [N, K/group] (fp16 or fp32).
 
     On a CPU:
+    - with a scale per row, more rows than the policy's int8 kernel takes, where the policy says
+      so (`int8_activations`): x rounded to int8 too, multiplied in int8;
     - in fp32 (with group scales in any dtype), eagerly, any number of rows: the weight widened a
       block of rows at a time, each block's product taken while it is in cache (faster than
       dequantizing the whole weight first);
@@ -91,21 +93,19 @@ def linear_int8(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
       memory-bound (torch's int8 kernel is slow with fp32 rows, and takes no group scales);
     - in bf16 with a scale per row, a few rows, compiled or not: torch's int8 kernel (with AMX it
       reads int8 faster than a streamed loop does);
-    - in bf16 with a scale per row, more rows, where the policy says so: x rounded to int8 too,
-      multiplied in int8 (`int8_activations`);
     - otherwise (more rows are compute-bound): dequantize, then GEMM."""
     rows = x.reshape(-1, x.shape[-1])
     policy = machine.POLICY
     on_cpu, few = x.device.type == "cpu", rows.shape[0] <= policy.int8_packed_max_rows
     widens = x.dtype == torch.float32 or scale.dim() == 2
+    if on_cpu and not few and policy.int8_activations and scale.dim() == 1:
+        return int8_activations(rows, weight, scale).reshape(*x.shape[:-1], weight.shape[0])
     if on_cpu and widens and not torch.compiler.is_compiling():
         return int8_widened(rows, weight, scale, policy.widen_block_rows).reshape(*x.shape[:-1], weight.shape[0])
     if on_cpu and few and widens:
         return streamed(x, weight, scale)
     if on_cpu and few:
         return int8_kernel(rows, weight, scale).reshape(*x.shape[:-1], weight.shape[0])
-    if on_cpu and policy.int8_activations and not widens:
-        return int8_activations(rows, weight, scale).reshape(*x.shape[:-1], weight.shape[0])
     return int8_dequantized(x, weight, scale)
 
 

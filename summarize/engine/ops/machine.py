@@ -31,9 +31,9 @@ class CpuPolicy:
     streamed_fp32_max_rows: int  # a compiled fp32 step of up to this many rows streams the weights itself (0: never)
     int8_packed_max_rows: int  # up to this many rows an int8 product reads its weight in one pass
     widen_block_rows: int  # int8 rows widened to fp32 at a time by an eager fp32 product: a block that stays in cache
-    # 1: a bf16 product of more rows than `int8_packed_max_rows` by an int8 weight (a scale per row)
+    # 1: a product of more rows than `int8_packed_max_rows` by an int8 weight (a scale per row)
     # rounds x to int8 too, a scale per row, and multiplies in int8 (`linear.int8_activations`); and
-    # quantize="auto" stores a bf16 model's weights so. 0: it dequantizes the weight, then GEMM
+    # quantize="auto" stores a full-precision model's weights so. 0: it widens or dequantizes the weight
     int8_activations: int
     int4_kernel_max_rows: int  # up to this many rows torch's int4 kernel; more: dequantize, then GEMM
     int4_block_rows: int | None  # rows per block of torch's int4 packing here (None: no int4)
