@@ -137,3 +137,14 @@ def test_no_copy_where_it_would_take_half_the_available_memory(folder, copies_pa
     model = load_model(folder, device="cpu", dtype=torch.float32, compile=False, quantize="auto")
     assert model.int4_copy_bytes == 0 and all(p.int4_copy is None for p in model.modules() if isinstance(p, Projection))
     assert any(note.startswith("no int4 copy to generate with") for note in model.load_notes)
+
+
+def test_a_copy_that_storing_int8_makes_room_for_is_made(folder, monkeypatch):
+    """Where the weights are stored as int8 too, what that frees counts against the copy's bytes."""
+    monkeypatch.setattr(machine, "POLICY", replace(machine.POLICY, int4_copy_generates=1))
+    needed = load_model(folder, device="cpu", dtype=torch.float32, compile=False, quantize="auto").int4_copy_bytes
+    monkeypatch.setattr(loading, "available_bytes", lambda: needed)  # alone, the copy would take all of it
+    assert load_model(folder, device="cpu", dtype=torch.float32, compile=False, quantize="auto").int4_copy_bytes == 0
+    monkeypatch.setattr(machine, "POLICY", replace(machine.POLICY, int8_activations=1))
+    model = load_model(folder, device="cpu", dtype=torch.float32, compile=False, quantize="auto")
+    assert model.int4_copy_bytes == needed and model.reads_int8

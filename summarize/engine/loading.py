@@ -34,7 +34,7 @@ from summarize.engine.models.registry import (
 )
 from summarize.engine.ops import machine
 from summarize.engine.ops.calibration import calibrate_model
-from summarize.engine.ops.linear import INT4_GROUP, QUANTIZATIONS, Projection, int4_takes, quantized
+from summarize.engine.ops.linear import INT4_GROUP, QUANTIZATIONS, Projection, int4_takes
 from summarize.engine.tokenizers.gguf import load_gguf_tokenizer
 from summarize.engine.weights.gguf_file import GGUFFile
 from summarize.engine.weights.gguf_source import gguf_file_for
@@ -249,7 +249,7 @@ def load_model(
     per row) or "int4" (a scale and a zero per 64 input channels; CPU only), where the family
     supports it; "auto": the weights as loaded, and beside them an int4 copy that generates tokens
     where this machine's calibration found torch's int4 kernel faster for one row
-    (`add_int4_copies`), the weights stored as int8 for reading where it found a prefill's rows
+    (`auto_forms`), the weights stored as int8 for reading where it found a prefill's rows
     faster multiplied in int8 (`int8_activations`); None: the weights as loaded. `announce` hears what is being compiled while
     it is (`CompiledSteps.announce`).
     """
@@ -294,35 +294,38 @@ def load_model(
     compiles = compile if compile is not None else wanted(model, device, weight_bytes)
     if device.type == "cpu":
         calibrate_model(model, dtype, announce, compiles)  # before any step is compiled: the graphs follow the policy
-        if copies and machine.POLICY.int4_copy_generates:
-            add_int4_copies(model)
-        if copies and machine.POLICY.int8_activations:
-            quantized(model, "int8")  # reading multiplies int8 by int8 (`linear.int8_activations`)
-            model.reads_int8 = True
-            release_free_memory()
+        if copies:
+            auto_forms(model, copy=bool(machine.POLICY.int4_copy_generates), int8=bool(machine.POLICY.int8_activations))
     if compiles:
         compile_steps(model, announce)
     return model
 
 
-def add_int4_copies(model) -> None:
-    """Give each full-precision projection of `model` an int4 copy to generate tokens with
-    (`Projection.add_int4_copy`), where their bytes leave half the available memory free; else
-    none, said in `model.load_notes`. Sets `model.int4_copy_bytes`."""
+def auto_forms(model, copy: bool, int8: bool) -> None:
+    """quantize="auto"'s forms of `model`'s full-precision projections, one projection at a time so
+    that memory grows by one projection at most: with `copy`, an int4 copy to generate tokens with
+    (`Projection.add_int4_copy`; not for a table read only by row), made from the weight before
+    `int8` stores it as int8 for reading (`linear.int8_activations`). Copies that would take more
+    than half the available memory, net of what int8 frees, are not made (said in
+    `model.load_notes`). Sets `model.int4_copy_bytes` and `model.reads_int8`."""
     lookups = {id(table) for table in model.lookup_tables()}  # read by row: a copy would never be read
-    projections = [p for p in model.modules() if isinstance(p, Projection) and p.scale is None and p.scale_and_zero is None
-                   and id(p) not in lookups and int4_takes(p.weight.shape, INT4_GROUP, p.weight.device)]
-    # codes, and a bf16 scale and zero per group
-    needed = sum(p.weight.numel() // 2 + p.weight.numel() // INT4_GROUP * 4 for p in projections)
+    full = [p for p in model.modules() if isinstance(p, Projection) and p.scale is None and p.scale_and_zero is None]
+    copied = {id(p) for p in full if id(p) not in lookups and int4_takes(p.weight.shape, INT4_GROUP, p.weight.device)}
+    # codes, and a bf16 scale and zero per group; int8 keeps a byte a weight (and a scale a row)
+    needed = sum(p.weight.numel() // 2 + p.weight.numel() // INT4_GROUP * 4 for p in full if id(p) in copied) if copy else 0
+    freed = sum(p.weight.nbytes - p.weight.numel() for p in full) if int8 else 0
     available = available_bytes()
-    if available is not None and needed > COPY_MAX_SHARE_OF_AVAILABLE * available:
+    if needed and available is not None and needed - freed > COPY_MAX_SHARE_OF_AVAILABLE * available:
         model.load_notes.append(f"no int4 copy to generate with: it needs {needed / 2**30:.1f} GiB, "
                                 f"{available / 2**30:.1f} GiB is available")
-        return
-    for projection in projections:
-        projection.add_int4_copy()
-    model.int4_copy_bytes = needed
-    release_free_memory()  # the fp32 temporaries of the packing
+        needed = 0
+    for projection in full:
+        if needed and id(projection) in copied:
+            projection.add_int4_copy()
+        if int8:
+            projection.quantize_int8()
+    model.int4_copy_bytes, model.reads_int8 = needed, int8
+    release_free_memory()  # the replaced weights, and the packing's temporaries
 
 
 def _load_gguf(path: Path, device: torch.device, dtype: torch.dtype, quantize: str | None):

@@ -71,7 +71,7 @@ class RecurrentModel(nn.Module):
         self.steps = Steps()
         self.compiled = None  # the compiled steps, once `compiled.compile_steps` has set them
         self.load_notes: list[str] = []  # what loading wants said (a GGUF file's widened kinds)
-        self.int4_copy_bytes = 0  # the int4 copies its projections generate tokens with (`loading.add_int4_copies`)
+        self.int4_copy_bytes = 0  # the int4 copies its projections generate tokens with (`loading.auto_forms`)
         self.reads_int8 = False  # quantize="auto" stored its weights as int8, read with int8 activations
         self.source = None
 
