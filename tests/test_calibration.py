@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from summarize.engine import load_model
-from summarize.engine.ops import calibration, machine
+from summarize.engine.ops import calibration, linear, machine
 from summarize.engine.ops.calibration import ROW_COUNTS, TOLERANCE, calibrate
 from summarize.engine.ops.linear import Projection, quantized
 from tiny_models import dense_reference, save_checkpoint
@@ -145,6 +145,24 @@ def test_many_rows_are_multiplied_in_int8_where_that_wins(form, dtype, rival, in
     race = next(race for race in table.races if race["rows"] == calibration.READ_ROWS)
     rival = rival or f"widen {table.fields['widen_block_rows']} rows at a time"
     assert set(race["seconds"]) == {rival, "int8 activations"} and None not in race["seconds"].values()
+
+
+def test_compiled_steps_race_int8_activations_as_a_prefill_graph_runs_them(monkeypatch):
+    """Compiled, x's rounding runs inside the graph: the candidate raced is the compiled product,
+    exact to its tolerance like the eager one."""
+    compiled = []
+
+    def int8_activations(rows, weight, scale):
+        compiled.append(torch.compiler.is_compiling())
+        return linear.int8_activations(rows, weight, scale)
+
+    monkeypatch.setattr(calibration, "int8_activations", int8_activations)
+    timer = faster("int8 activations", range(calibration.READ_ROWS, calibration.READ_ROWS + 1))
+    table = calibrate(shapes("bfloat16"), torch.bfloat16, timer=timer, compiles=True)
+    assert compiled and all(compiled)
+    assert table.fields["int8_activations"] == 1
+    race = next(race for race in table.races if race["decision"] == "int8 reads")
+    assert race["seconds"]["int8 activations"] is not None
 
 
 @pytest.mark.parametrize("form", ["int4", "int8"])
