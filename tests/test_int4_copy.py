@@ -10,7 +10,8 @@ Tolerances:
   weights); decode logits are the full model's given the copy's dequantized weights, to 2e-2 of
   the largest logit (the kernel's bf16 input, amplified by the tiny random model: as int4's own
   decode in tests/test_quantize.py);
-- greedy output with and without speculation: the same tokens, exactly.
+- greedy output with and without speculation: the same tokens, exactly (tests/test_speculative.py
+  runs its own test on a model with copies).
 """
 
 from __future__ import annotations
@@ -22,11 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from summarize.engine import load_model, loading
-from summarize.engine.generation.generate import GenerationRequest, Speculation, generate_batch
 from summarize.engine.ops import machine
 from summarize.engine.ops.linear import INT4_GROUP, Projection, dequantize_int4, generating_tokens
-from test_generate import TOK
-from test_speculative import FixedCosts, noisy_copy
 from tiny_models import dense_reference, save_checkpoint
 
 VOCAB = 384
@@ -89,24 +87,6 @@ def test_a_model_reads_prompts_with_its_weights_and_generates_from_its_copy(fold
     got = auto.decode(torch.tensor([7]), auto_state)
     assert (got - want).abs().max() <= 2e-2 * want.abs().max()
     assert (got - plain).abs().max() > 2e-2 * plain.abs().max()
-
-
-def test_greedy_output_is_the_same_with_and_without_speculation_from_an_int4_copy(folder, copies_pay):
-    """Decode and verify both read the copy: a verified span gives the tokens decoding would."""
-    model = load_model(folder, device="cpu", dtype=torch.float32, compile=False, quantize="auto")
-    assert model.int4_copy_bytes
-    prompts = torch.randint(0, VOCAB, (3, 9), generator=torch.Generator().manual_seed(3))
-
-    def run(speculate: int, contexts=None):
-        return generate_batch(model, model.new_state(3), GenerationRequest(
-            prompts=prompts, tokenizer=TOK, stop_ids=[], max_new_tokens=48, contexts=contexts,
-            speculation=Speculation(most=speculate, costs=FixedCosts(3, 0.0))))
-
-    plain = run(0)
-    contexts = [prompts[row].tolist() + noisy_copy(gen.token_ids, VOCAB, 7 + row, 5 + 3 * row) for row, gen in enumerate(plain)]
-    speculative = run(8, contexts)
-    assert [g.token_ids for g in speculative] == [g.token_ids for g in plain]
-    assert all(0 < g.accepted_tokens < g.draft_tokens for g in speculative)
 
 
 def test_compiled_steps_read_the_copy_where_eager_ones_do(folder, copies_pay):

@@ -8,6 +8,7 @@ Tolerances: fp32 throughout; the verify tiers agree with the step-by-step oracle
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 from summarize.engine import load_model
 from summarize.engine.generation.drafts import PROBE_DRAFTS, REPROBE_STEPS, DraftCosts, DraftPlanner, PromptLookup
 from summarize.engine.generation.generate import GenerationRequest, SamplingParams, Speculation, generate_batch
+from summarize.engine.ops import machine
 from summarize.engine.ops.gated_delta_rule import naive_recurrent_gated_delta_rule, verify_gated_delta_rule
 from summarize.engine.ops.rwkv7_wkv import naive_recurrent_rwkv7, verify_rwkv7
 from summarize.engine.state import KV_GROWTH_TOKENS
@@ -121,8 +123,14 @@ def test_rows_land_on_their_own_prefixes_with_the_stats_of_their_kept_tokens(fam
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("speculative")
+    dense = str(save_checkpoint(dense_reference(), root / "dense"))
+    with pytest.MonkeyPatch.context() as machine_where_copies_pay:  # an int4 copy writes (tests/test_int4_copy.py)
+        machine_where_copies_pay.setattr(machine, "POLICY", replace(machine.POLICY, int4_copy_generates=1))
+        copied = load_model(dense, device="cpu", dtype=torch.float32, quantize="auto")
+    assert copied.int4_copy_bytes
     return {
-        "dense": (load_model(str(save_checkpoint(dense_reference(), root / "dense")), device="cpu", dtype=torch.float32), 384),
+        "dense": (load_model(dense, device="cpu", dtype=torch.float32), 384),
+        "dense, int4 copy": (copied, 384),
         "moe": (load_model(str(save_checkpoint(moe_reference(), root / "moe")), device="cpu", dtype=torch.float32), 384),
         "rwkv7": (load_model(str(blinkdl_checkpoint(root / "rwkv.pth", **RWKV_TINY)), device="cpu", dtype=torch.float32), 512),
     }
@@ -165,7 +173,7 @@ def noisy_copy(tokens: list[int], vocab: int, every: int, first: int) -> list[in
     return out
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", [*FAMILIES, "dense, int4 copy"])  # the copy: decode and verify both read it
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(presence_penalty=1.5)], ids=["greedy", "greedy-penalty"])
 def test_greedy_output_is_the_same_with_and_without_speculation(models, name, sampling):
     model, vocab = models[name]

@@ -247,11 +247,10 @@ def load_model(
     `compile`: run prefill and decode steps through torch.compile (`compiled`); None decides by the
     environment (SUMMARIZE_COMPILE) and the model's size. `quantize`: weight-only "int8" (one scale
     per row) or "int4" (a scale and a zero per 64 input channels; CPU only), where the family
-    supports it; "auto": the weights as loaded, and beside them an int4 copy that generates tokens
-    where this machine's calibration found torch's int4 kernel faster for one row
-    (`auto_forms`), the weights stored as int8 for reading where it found a prefill's rows
-    faster multiplied in int8 (`int8_activations`); None: the weights as loaded. `announce` hears what is being compiled while
-    it is (`CompiledSteps.announce`).
+    supports it; "auto": the forms this machine's calibration found fastest (`auto_forms`): an int4
+    copy to generate tokens with, the weights stored as int8 for reading with int8 activations,
+    either, both or neither; None: the weights as loaded. `announce` hears what is being compiled
+    while it is (`CompiledSteps.announce`).
     """
     bound_kernel_caches()  # before the first kernel is built: memory that stays flat over chunks
     device = torch.device(device) if device is not None else default_device()

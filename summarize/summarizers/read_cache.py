@@ -46,7 +46,7 @@ from safetensors import safe_open
 from summarize.errors import SummarizeError
 from summarize.files import replacing, user_cache_folder, write_atomic
 from summarize.settings import Settings
-from summarize.summarizers.session import weight_form
+from summarize.summarizers.session import weight_forms
 
 # Bump when the same key starts meaning other contents (the generation or the entries' layout
 # change): entries of an older format are then misses.
@@ -62,7 +62,7 @@ def read_cache_for(settings: Settings, model, notify: Callable[[str], None]) -> 
         return None
     folder = settings.cache_dir or os.environ.get(CACHE_DIR_ENV) or user_cache_folder()
     reader = {"weights": weights_identity(settings.model, Path(model.source)),
-              "dtype": str(model.dtype), "quantize": weight_form(model, settings)}
+              "dtype": str(model.dtype), "quantize": ", ".join(weight_forms(model, settings)) or None}
     return ReadCache(Path(folder).expanduser(), max_bytes=settings.cache_size, reader=reader, notify=notify,
                      verbose=settings.verbose)
 

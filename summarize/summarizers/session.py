@@ -98,23 +98,18 @@ def engine_quantize(settings: Settings) -> str | None:
     return {None: "auto", "none": None}.get(settings.quantize, settings.quantize)
 
 
-def weight_form(model, settings: Settings) -> str | None:
-    """The form of the weights `model` reads and writes with, beyond its dtype: "int8", "int4",
-    "int8 reads" and "int4 copy" (quantize="auto"'s, either or both, comma-separated), or None."""
-    copy = "int4 copy" if model.int4_copy_bytes else None
-    if model.reads_int8:
-        return "int8 reads" + (f", {copy}" if copy else "")
-    return copy or (None if settings.quantize == "none" else settings.quantize)
+def weight_forms(model, settings: Settings) -> list[str]:
+    """The forms `model` reads and writes with beyond its dtype: ["int8"], ["int4"], quantize="auto"'s
+    ["int8 reads"] and ["int4 copy"] (either or both), or []."""
+    auto = [form for form, held in (("int8 reads", model.reads_int8), ("int4 copy", model.int4_copy_bytes)) if held]
+    return auto or [form for form in [settings.quantize] if form not in (None, "none")]
 
 
 def _precision(model, settings: Settings) -> str:
-    form = weight_form(model, settings)
-    if form is None:
-        return str(model.dtype).removeprefix("torch.")
     said = {"int4 copy": f"an int4 copy ({model.int4_copy_bytes / 2**30:.2f} GiB) to write with",
             "int8 reads": "int8 weights read with int8 activations"}
-    parts = [said.get(part, f"{part} weights") for part in form.split(", ")]
-    return ", ".join([str(model.dtype).removeprefix("torch."), *parts])
+    forms = [said.get(form, f"{form} weights") for form in weight_forms(model, settings)]
+    return ", ".join([str(model.dtype).removeprefix("torch."), *forms])
 
 
 def _steps(model) -> str:

@@ -54,7 +54,7 @@ from summarize.files import user_cache_folder, write_atomic
 
 ENV = "SUMMARIZE_CALIBRATE"  # "0": the portable default policy, nothing timed
 TABLE_NAME = "kernel-policy.json"  # in the user cache folder, beside torchinductor/
-TABLE_FORMAT = 4
+TABLE_FORMAT = 2
 TABLES_KEPT = 16  # machine × model entries in the file, the most recent
 BUDGET_SECONDS = 15.0
 ROW_COUNTS = (1, 2, 3, 4, 6, 9, 16, 32, 64, 128)  # decode batches, verify spans, prefill blocks
@@ -72,7 +72,7 @@ PACKED_ROWS = 64  # rows of a timed weight are a multiple of this (torch's int4 
 # (tests/test_linear.py) and a product that reads x in bf16 (tests/test_quantize.py)
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
 # x rounded to int8 with a scale per row moves each product by about twice what bf16's rounding
-# does (tests/test_linear.py): held to twice its tolerance
+# does (tests/test_quantize.py): held to twice its tolerance
 INT8_ACTIVATIONS_TOLERANCE = 2e-2
 WIDEN_BLOCKS = (512, 1024, 2048, 4096)  # int8 rows widened at a time, fp32
 # Forms whose own products no race in the loop over forms decides: bf16 (its products have no
@@ -114,8 +114,7 @@ def calibrate_model(model, dtype: torch.dtype, announce: Callable[[str | None], 
     table = read_table(key)
     if table is None:
         # a model of untimed forms times nothing: nothing to announce
-        timed = any(form not in UNTIMED or (form in FULL_PRECISION and machine.POLICY.int4_block_rows) for form, _, _ in shapes)
-        announcing = announce is not None and timed
+        announcing = announce is not None and any(form in FULL_PRECISION or form not in UNTIMED for form, _, _ in shapes)
         if announcing:
             announce(f"timing this CPU's kernels for the model (once per machine; {ENV}=0 skips it)")
         try:
