@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from summarize.engine import load_model, loading
 from summarize.engine.ops import machine
 from summarize.engine.ops.linear import INT4_GROUP, Projection, dequantize_int4, generating_tokens
-from tiny_models import dense_reference, save_checkpoint
+from tiny_models import RWKV_TINY, blinkdl_checkpoint, dense_reference, save_checkpoint
 
 VOCAB = 384
 
@@ -103,6 +103,17 @@ def test_compiled_steps_read_the_copy_where_eager_ones_do(folder, copies_pay):
     assert compiled.compiled.prefill_ready
     assert (prefilled["compiled"] - prefilled["eager"]).abs().max() <= 1e-4 * prefilled["eager"].abs().max()
     assert (decoded["compiled"] - decoded["eager"]).abs().max() <= 2e-2 * decoded["eager"].abs().max()
+
+
+def test_an_rwkv_file_takes_the_same_forms(tmp_path, monkeypatch):
+    """A BlinkDL `.pth` loads through the same calibration and forms as a folder: its head gets a
+    copy and is stored as int8, its embedding (read by row) is stored as int8 only."""
+    monkeypatch.setattr(machine, "POLICY", replace(machine.POLICY, int4_copy_generates=1, int8_activations=1))
+    model = load_model(blinkdl_checkpoint(tmp_path / "tiny.pth", **RWKV_TINY), device="cpu", dtype=torch.float32,
+                       compile=False, quantize="auto")
+    assert model.head.int4_copy is not None and model.embedding.int4_copy is None
+    assert model.head.weight.dtype == model.embedding.weight.dtype == torch.int8 and model.reads_int8
+    assert model.int4_copy_bytes > 0
 
 
 def test_auto_keeps_the_weights_alone_where_the_copy_does_not_pay(folder):

@@ -274,9 +274,7 @@ def load_model(
         _check_quantize([family], quantize, dtype)
         model = family.build({}, checkpoint, device=device, dtype=dtype, quantize=quantize)
         model.source = path.parent
-        return model
-    gguf = gguf_file_for(source)
-    if gguf is not None:
+    elif (gguf := gguf_file_for(source)) is not None:
         model = _load_gguf(gguf, device, dtype, quantize)
     else:
         folder = resolve_source(source)
