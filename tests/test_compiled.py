@@ -120,6 +120,22 @@ def test_steps_are_compiled_when_first_used_and_short_reads_do_not_compile_prefi
     assert set(model.compiled.seconds) == {"prefill", "decode B=2", "decode B=1"}
 
 
+def test_each_graph_is_traced_once(folder):
+    """A layer's float constants (norm epsilons, scales) are taken as they are: no graph is traced,
+    handed to the compiler and then traced again, which would cost every process a trace and a
+    cache miss."""
+    from torch._dynamo.utils import counters
+
+    before = dict(counters["aot_autograd"])
+    model = load_model(folder, device="cpu", dtype=torch.float32, compile=True)
+    compiled_from_the_start(model)
+    state = model.new_state(1)
+    model.prefill(prompt(70, seed=2), state)
+    model.decode(torch.tensor([3]), state)
+    started = counters["aot_autograd"]["total"] - before.get("total", 0)
+    assert started > 0 and counters["aot_autograd"]["ok"] - before.get("ok", 0) == started
+
+
 @pytest.mark.parametrize("length", [2, 45, 70])  # shortest; chunks of the delta rule and a rest
 def test_compiled_prefill_equals_eager_prefill_with_its_diagnostics(models, length):
     """One graph per layer kind serves every length: logits, state and diagnostics as eager."""

@@ -196,6 +196,9 @@ def compile_steps(model, announce: Callable[[str | None], None] | None = None) -
     # One compiled function serves every layer of a kind; variants: kind × batch size ×
     # diagnostics on/off × stacked rows. The default limit (8) would be reached.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    # A layer's float constants (norm epsilons, scales) taken as they are: traced as symbols, each
+    # graph that holds one is traced twice, every process, its first trace missing the cache
+    torch._dynamo.config.specialize_float = True
     keep_kernels_across_reboots()
     trust_the_cpus_vector_flags()
     steps = CompiledSteps()
