@@ -126,6 +126,7 @@ def test_each_graph_is_traced_once(folder):
     cache miss."""
     from torch._dynamo.utils import counters
 
+    torch._dynamo.reset()  # what earlier tests compiled would otherwise serve this model
     before = dict(counters["aot_autograd"])
     model = load_model(folder, device="cpu", dtype=torch.float32, compile=True)
     compiled_from_the_start(model)
