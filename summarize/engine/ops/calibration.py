@@ -164,6 +164,8 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
     def int8_product(x: Tensor, projection: Projection) -> Tensor:
         return int8_rows(x, projection.weight, projection.scale)
 
+    int8_own = {"int8 activations": (dequantized, INT8_ACTIVATIONS_TOLERANCE)}  # an int8 weight's own product, x rounded
+
     def race(label: str, weights: list[tuple[float, int, list[Projection]]], candidates: dict[str, Product], rows: int,
              tolerance: float, own: dict[str, tuple[Callable[[Projection], Tensor], float]] | None = None) -> str | None:
         """The fastest exact candidate at `rows` over `weights` (share, K, copies), None when out of
@@ -247,8 +249,7 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
             if winner is not None:
                 chosen["widen_block_rows"] = int(winner.split()[1])
                 widened = {f"widen {winner.split()[1]} rows at a time": blocks[winner], "int8 activations": int8_product}
-                own = {"int8 activations": (dequantized, INT8_ACTIVATIONS_TOLERANCE)}
-                many = race("int8 activations, fp32", weights, widened, READ_ROWS, TOLERANCE[dtype], own)
+                many = race("int8 activations, fp32", weights, widened, READ_ROWS, TOLERANCE[dtype], int8_own)
                 if many is not None:
                     chosen["int8_activations"] = int(many == "int8 activations")
         elif form == "int8":
@@ -258,8 +259,7 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
             if most is not None:
                 chosen["int8_packed_max_rows"] = most
             many = {"dequantize, GEMM": lambda x, p: int8_dequantized(x, p.weight, p.scale), "int8 activations": int8_product}
-            own = {"int8 activations": (dequantized, INT8_ACTIVATIONS_TOLERANCE)}
-            winner = race("int8 activations", weights, many, READ_ROWS, TOLERANCE[torch.bfloat16], own)
+            winner = race("int8 activations", weights, many, READ_ROWS, TOLERANCE[torch.bfloat16], int8_own)
             if winner is not None:
                 chosen["int8_activations"] = int(winner == "int8 activations")
         elif form == "int4":

@@ -150,8 +150,9 @@ def int8_activations(rows: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     """rows rounded to int8 with a scale per row (symmetric, as the weight), multiplied by the int8
     weight in int8 with int32 sums (`torch._int_mm`: VNNI or AMX-INT8 where the CPU has them), then
     scaled by both: each x moves by at most half its row's step, |x|max / 254."""
-    step = rows.float().abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny) / INT8_MAX
-    codes = (rows.float() / step).round_().to(torch.int8)
+    wide = rows.float()
+    step = wide.abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny) / INT8_MAX
+    codes = (wide / step).round_().to(torch.int8)
     sums = torch._int_mm(codes, weight.t())
     return (sums.float() * step * scale.float()).to(rows.dtype)
 
