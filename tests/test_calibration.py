@@ -165,6 +165,51 @@ def test_compiled_steps_race_int8_activations_as_a_prefill_graph_runs_them(monke
     assert race["seconds"]["int8 activations"] is not None
 
 
+def copy_for_few(up_to: int, int8_reads: bool):
+    """A timer under which the int4 copy takes 1 s up to `up_to` rows and 3 s past them, int8
+    activations 1.5 s where they win the reads (4 s elsewhere), every other candidate 2 s."""
+
+    def timer(rows, candidates, deadline):
+        def seconds(name: str) -> float:
+            if name == "int4 copy":
+                return 1.0 if rows <= up_to else 3.0
+            return (1.5 if int8_reads else 4.0) if name == "int8 activations" else 2.0
+
+        return {name: seconds(name) for name in candidates}
+
+    return timer
+
+
+@pytest.mark.parametrize("dtype, compiles, int8_reads, rival", [
+    (torch.bfloat16, False, True, "int8 activations"),  # the weights as auto stores them to read in int8
+    (torch.bfloat16, False, False, "GEMM"),
+    (torch.float32, False, False, "x @ Wᵀ"),
+])
+@pytest.mark.parametrize("up_to", [1, 4, 8])
+def test_a_batch_generates_from_the_copy_up_to_the_rows_the_copy_wins(dtype, compiles, int8_reads, rival, up_to):
+    """Sequences generating together (2 to 8 rows: map-reduce's notes) race the int4 copy against the
+    weights as the reads keep them; batches past the last it wins read the weights."""
+    table = calibrate(shapes(str(dtype).removeprefix("torch.")), dtype, timer=copy_for_few(up_to, int8_reads), compiles=compiles)
+    assert table.fields["int4_copy_generates"] == 1 and table.fields["int8_activations"] == int(int8_reads)
+    assert table.fields["int4_copy_max_batch"] == up_to
+    by_batch = [race for race in table.races if race["decision"] == "int4 copy by batch"]
+    assert {race["rows"] for race in by_batch} <= set(calibration.BATCH_ROW_COUNTS) and len(by_batch) <= 3  # a bisection
+    assert all(rival in race["seconds"] and None not in race["seconds"].values() for race in by_batch)  # each exact to its own weight
+
+
+def test_a_compiled_bf16_step_of_two_rows_races_the_copy_against_its_streamed_loop():
+    table = calibrate(shapes("bfloat16"), torch.bfloat16, timer=copy_for_few(1, False), compiles=True)
+    assert table.fields["int4_copy_max_batch"] == 1
+    two = next(race for race in table.races if race["decision"] == "int4 copy by batch" and race["rows"] == 2)
+    assert set(two["seconds"]) == {"int4 copy", "streamed loop, compiled"}
+
+
+def test_no_batch_race_where_one_row_of_the_copy_loses():
+    table = calibrate(shapes("bfloat16"), torch.bfloat16, timer=faster("GEMM", range(1, 1000)))
+    assert table.fields["int4_copy_generates"] == 0 and "int4_copy_max_batch" not in table.fields
+    assert not any(race["decision"] == "int4 copy by batch" for race in table.races)
+
+
 @pytest.mark.parametrize("form", ["int4", "int8"])
 def test_a_model_of_compact_weights_races_no_copy(form):
     table = calibrate(shapes(form), torch.bfloat16, timer=faster("int4 copy", range(1, 1000)))

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from summarize.engine import load_model, loading
 from summarize.engine.ops import machine
-from summarize.engine.ops.linear import INT4_GROUP, Projection, dequantize_int4, generating_tokens
+from summarize.engine.ops.linear import INT4_GROUP, Projection, dequantize_int4, generating_tokens, int4_kernel, int8_activations
 from tiny_models import RWKV_TINY, blinkdl_checkpoint, dense_reference, save_checkpoint
 
 VOCAB = 384
@@ -53,12 +53,36 @@ def test_a_projection_reads_its_int4_copy_only_while_generating_tokens():
     before = projection(x)
     assert projection.add_int4_copy()
     assert torch.equal(projection(x), before)
-    with generating_tokens():
+    with generating_tokens(1):
         got = projection(x)
     want = F.linear(x, copy_dequantized(projection))
     assert (got - want).abs().max() <= 1e-2 * want.abs().max()
     assert (got - before).abs().max() > 1e-2 * before.abs().max()  # the copy is int4: it reads otherwise
     assert torch.equal(projection(x), before)  # the switch ends with the steps
+
+
+def test_a_batch_past_the_copys_reads_the_weight_as_stored(monkeypatch):
+    """The policy's `int4_copy_max_batch` sequences generate from the copy; a larger batch reads the
+    weight as a prompt's rows do: full precision exactly as outside, auto's int8 with x rounded to
+    int8 too. Decided by the batch, whatever the rows of the product (a verify span's tokens)."""
+    monkeypatch.setattr(machine, "POLICY", replace(machine.POLICY, int8_activations=1, int4_copy_max_batch=2))
+    gen = torch.Generator().manual_seed(0)
+    projection = Projection(torch.randn(128, 256, generator=gen).bfloat16())
+    assert projection.add_int4_copy()
+    span = torch.randn(3, 4, 256, generator=gen).bfloat16()  # 3 sequences, 4 tokens each
+    outside = projection(span)
+    with generating_tokens(2):
+        two = projection(span[:2])
+    assert torch.equal(two, int4_kernel(span[:2].reshape(8, 256), projection.int4_copy, projection.int4_copy_scale_and_zero,
+                                        projection.int4_copy_group).view(2, 4, 128))
+    with generating_tokens(3):
+        assert torch.equal(projection(span), outside)
+    projection.quantize_int8()  # as quantize="auto" stores it where int8 reads win
+    with generating_tokens(3):
+        three = projection(span)
+        one_token = projection(span[:, :1])
+    assert torch.equal(three, int8_activations(span.reshape(12, 256), projection.weight, projection.scale).view(3, 4, 128))
+    assert torch.equal(one_token, three[:, :1])  # a decode step computes each token as the span does
 
 
 def test_only_full_precision_weights_the_int4_kernel_takes_get_a_copy():

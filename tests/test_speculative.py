@@ -128,9 +128,14 @@ def models(tmp_path_factory):
         machine_where_copies_pay.setattr(machine, "POLICY", replace(machine.POLICY, int4_copy_generates=1))
         copied = load_model(dense, device="cpu", dtype=torch.float32, quantize="auto")
     assert copied.int4_copy_bytes
+    with pytest.MonkeyPatch.context() as reads_int8:  # and int8 reads (tests/test_calibration.py)
+        reads_int8.setattr(machine, "POLICY", replace(machine.POLICY, int4_copy_generates=1, int8_activations=1))
+        int8_and_copy = load_model(dense, device="cpu", dtype=torch.float32, quantize="auto")
+    assert int8_and_copy.reads_int8 and int8_and_copy.int4_copy_bytes
     return {
         "dense": (load_model(dense, device="cpu", dtype=torch.float32), 384),
         "dense, int4 copy": (copied, 384),
+        "dense, int8 past the copy's batch": (int8_and_copy, 384),
         "moe": (load_model(str(save_checkpoint(moe_reference(), root / "moe")), device="cpu", dtype=torch.float32), 384),
         "rwkv7": (load_model(str(blinkdl_checkpoint(root / "rwkv.pth", **RWKV_TINY)), device="cpu", dtype=torch.float32), 512),
     }
@@ -163,6 +168,28 @@ def test_rows_that_keep_different_lengths_continue_as_if_they_had_decoded_them(m
         model.prefill(torch.cat([prompt[row], span[row, :n]])[None], one)
         for t, logits in enumerate(continued):
             assert (logits[row] - model.decode(after[row : row + 1, t], one)[0]).abs().max() < LOGITS_TOL
+
+
+@pytest.mark.parametrize("copy_up_to", [5, 2])  # 3 sequences: from the copy, or past its batch from int8 with x rounded
+def test_a_batch_verifies_a_span_as_it_decodes_it_whichever_form_it_generates_from(models, copy_up_to, monkeypatch):
+    """A generating batch reads one form in its decode steps and its verify spans: the int4 copy up to
+    the policy's `int4_copy_max_batch` sequences, past it the int8 weights with x rounded to int8 too.
+    A span's logits are the steps' to 2e-2 of the largest: both forms round x (to bf16 for the int4
+    kernel, to int8 past it), and an x that the span's attention and the steps' put on either side
+    of a step of that grid, a rounding-level difference, moves by the step (0.6% and 1.3% at most
+    over 20 prompts on this tiny model)."""
+    model, vocab = models["dense, int8 past the copy's batch"]
+    monkeypatch.setattr(machine, "POLICY", replace(machine.POLICY, int8_activations=1, int4_copy_max_batch=copy_up_to))
+    g = torch.Generator().manual_seed(6)
+    prompt, span = torch.randint(0, vocab, (3, 11), generator=g), torch.randint(0, vocab, (3, 6), generator=g)
+    spanned, stepped = model.new_state(3), model.new_state(3)
+    model.prefill(prompt, spanned)
+    model.prefill(prompt, stepped)
+    verified = model.verify(span, spanned)
+    decoded = torch.stack([model.decode(span[:, t], stepped) for t in range(6)], dim=1)
+    assert (verified - decoded).abs().max() <= 2e-2 * decoded.abs().max()
+    model.accept(spanned, torch.full((3,), 6))
+    assert (model.decode(span[:, -1], spanned) - model.decode(span[:, -1], stepped)).abs().max() <= 2e-2 * decoded.abs().max()
 
 
 def noisy_copy(tokens: list[int], vocab: int, every: int, first: int) -> list[int]:

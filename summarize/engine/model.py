@@ -13,7 +13,8 @@ A family supplies its layers (`nn.Module`s called as `layer(x, layer_state, cont
 Set `listener` to receive a `SpanReport` after each call (docs/design.md §4). The layers and the
 head run through `steps`: `Steps` runs them as they are; `compiled.compile_steps` swaps in
 compiled ones from the outside, and the model does not know which it has. decode and verify
-generate tokens (`ops.linear.generating_tokens`): projections holding an int4 copy read it there.
+generate tokens (`ops.linear.generating_tokens`): projections holding an int4 copy read it there
+(for a batch of up to the policy's `int4_copy_max_batch` sequences).
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class RecurrentModel(nn.Module):
     @torch.no_grad()
     def decode(self, token_ids: Tensor, state: State) -> Tensor:
         # decode measures the state only when someone listens
-        with generating_tokens():
+        with generating_tokens(token_ids.shape[0]):
             logits, stats = self.steps.decode(self, token_ids, state, self.listener is not None)
         self._report(stats, state, "decode", 1)
         return logits
@@ -141,7 +142,7 @@ class RecurrentModel(nn.Module):
         """The logits of every position [B, T, V] of a span of drafted tokens [B, T] (the last
         sampled token, then the drafts). The state is only read: `accept` then lands each row after
         the tokens it keeps, without running any of them again (docs/design.md §8)."""
-        with generating_tokens():
+        with generating_tokens(token_ids.shape[0]):
             return self.steps.verify(self, token_ids, state)
 
     @torch.no_grad()

@@ -15,6 +15,8 @@ full weight (compiled, where the steps will be): where int4 wins, a model loaded
 quantize="auto" keeps an int4 copy to generate tokens with (`int4_copy_generates`); and a
 prefill's share of rows through the weight races the same rows through the weight stored as int8
 with x rounded to int8 too: where that wins, quantize="auto" stores it so (`int8_activations`).
+Then a batch of sequences generating together (2 to 8 rows) races the copy against the weights as
+those reads store them: batches past the last the copy wins read the weights (`int4_copy_max_batch`).
 `SUMMARIZE_CALIBRATE=0` keeps the portable default whole. How it works: docs/kernel-policy.md.
 """
 
@@ -38,6 +40,7 @@ from torch import Tensor
 
 from summarize.engine.ops import machine
 from summarize.engine.ops.linear import (
+    STREAMED_MAX_ROWS,
     Projection,
     dequantize_int4,
     int4_dequantized,
@@ -45,8 +48,10 @@ from summarize.engine.ops.linear import (
     int8_activations,
     int8_dequantized,
     int8_kernel,
+    int8_rounded_product,
     int8_widened,
     quantized,
+    rounded_rows,
     streamed,
     weight_first,
 )
@@ -54,13 +59,14 @@ from summarize.files import user_cache_folder, write_atomic
 
 ENV = "SUMMARIZE_CALIBRATE"  # "0": the portable default policy, nothing timed
 TABLE_NAME = "kernel-policy.json"  # in the user cache folder, beside torchinductor/
-TABLE_FORMAT = 2
+TABLE_FORMAT = 3  # 3: the int4 copy raced by batch size (tables of 2 are timed again)
 TABLES_KEPT = 16  # machine × model entries in the file, the most recent
 BUDGET_SECONDS = 15.0
 ROW_COUNTS = (1, 2, 3, 4, 6, 9, 16, 32, 64, 128)  # decode batches, verify spans, prefill blocks
 STREAMED_ROW_COUNTS = (1, 2, 3, 4, 6, 9, 12, 16)  # a compiled step's decode batches and verify spans
 PREFILL_ROWS = 64  # the row count a prefill-only choice is timed at
 DECODE_ROWS = 1  # the row count the int4 copy races the full weight at: one summary's decode
+BATCH_ROW_COUNTS = (2, 3, 4, 6, 8)  # sequences generating together (map-reduce's notes: up to 8)
 READ_ROWS = 256  # the row count int8 activations race the others at: a share of a prefill block
 TURNS = 3  # each candidate's timings, taken in turn with the others; the median counts
 COPIES_BYTES = 48 * 2**20  # weights one timing reads, in distinct copies: more than a last-level cache
@@ -205,6 +211,7 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
     for (form, n, k), count in shapes.items():
         held[form] += n * k * count
     main = held.most_common(1)[0][0] if held else None
+    copied: list[tuple[float, int, list[Projection]]] = []  # weights with int4 copies, where the copy won
     if main in FULL_PRECISION and machine.POLICY.int4_block_rows is not None:
         weights = timed_weights(shapes, main, dtype, int4_copy=True)
         if weights:
@@ -213,6 +220,7 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
             winner = race("int4 copy generates", weights, candidates, DECODE_ROWS, TOLERANCE[dtype], own)
             if winner is not None:
                 chosen["int4_copy_generates"] = int(winner == "int4 copy")
+                copied = weights if winner == "int4 copy" else []
     if main in FULL_PRECISION:
         weights = timed_weights(shapes, main, dtype)
         if weights:  # the weights as int8 (what quantize="auto" would store), x rounded to int8 too
@@ -223,6 +231,43 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
             winner = race("int8 reads", weights, candidates, READ_ROWS, TOLERANCE[dtype], own)
             if winner is not None:
                 chosen["int8_activations"] = int(winner == "int8 activations")
+    if copied and "int8_activations" in chosen:
+        # sequences generating together: their int4 copy, or the weights as the reads store them
+        own = {"int4 copy": (copy_dequantized, TOLERANCE[torch.bfloat16])}
+        if chosen["int8_activations"]:
+            twins = {id(p): quantized(copy.deepcopy(p), "int8") for _, _, copies in copied for p in copies}
+            own["int8 activations"] = (lambda p: dequantized(twins[id(p)]), INT8_ACTIVATIONS_TOLERANCE)
+            rounded: dict[str, tuple] = {}  # x and its rounding, made once per x where a compiled step fuses it
+
+            def int8_batch(x: Tensor, p: Projection) -> Tensor:
+                """Compiled, x's rounding is fused into the op that makes x: untimed here. Eagerly it
+                is ops of its own, timed with the product."""
+                if not compiles:
+                    return int8_activations(x, twins[id(p)].weight, twins[id(p)].scale)
+                if rounded.get("x") is not x:
+                    rounded.update(x=x, codes_and_step=rounded_rows(x))
+                return int8_rounded_product(*rounded["codes_and_step"], twins[id(p)].weight, twins[id(p)].scale, x.dtype)
+
+            def weights_read(rows: int) -> dict[str, Product]:
+                return {"int8 activations": int8_batch}
+        else:
+            loop = torch.compile(lambda x, weight: streamed(x, weight), dynamic=False) if compiles else None
+
+            def weights_read(rows: int) -> dict[str, Product]:
+                """As a decode step of `rows` rows takes the full weight (`linear`)."""
+                if dtype == torch.float32:  # in the order the later race picks
+                    return {"x @ Wᵀ": lambda x, p: F.linear(x, p.weight), "W @ xᵀ": lambda x, p: weight_first(x, p.weight)}
+                if loop is not None and rows <= STREAMED_MAX_ROWS:
+                    return {"streamed loop, compiled": lambda x, p: loop(x, p.weight)}
+                return {"GEMM": lambda x, p: F.linear(x, p.weight)}
+
+        def by_batch(rows: int) -> str | None:
+            candidates = {"int4 copy": int4_copy_product} | weights_read(rows)
+            return race("int4 copy by batch", copied, candidates, rows, TOLERANCE[dtype], own)
+
+        most = _rows_won_from_one(by_batch, "int4 copy", BATCH_ROW_COUNTS)
+        if most is not None:
+            chosen["int4_copy_max_batch"] = max(DECODE_ROWS, most)
     for form, _ in held.most_common():
         if form in UNTIMED:
             continue

@@ -18,10 +18,13 @@ weight; with more rows than the policy gives it, it dequantizes and calls the GE
 quantized (GGUF's Q8_0, Q6_K; Q4_0, Q4_1, Q4_K) hands them over, exactly as it stores them.
 
 A full-precision projection may also hold an int4 copy of its weight (`add_int4_copy`), read by the
-steps that generate tokens (`generating_tokens`: decode and verify) while reading a prompt takes
-the full weight: torch's GEMM is fast for many rows, the int4 kernel reads a quarter of bf16's
-bytes for one. Every generated token's logits then come from the copy, whether decoded one at a
-time or verified in a span, so speculative and plain decoding still write the same text.
+steps that generate tokens (`generating_tokens`: decode and verify) for batches of up to the
+policy's `int4_copy_max_batch` sequences, while reading a prompt (and a larger batch) takes the
+weight as stored: torch's GEMM or int8 products are fast for many rows, the int4 kernel reads a
+quarter of bf16's bytes for one. Every token a batch generates then comes from one form, whether
+decoded one at a time or verified in a span, so speculative and plain decoding still write the
+same text. For the same reason an int8 weight (a scale per row) rounds x to int8 in generating
+only for a batch past the copy's, never by the rows of one product.
 """
 
 from __future__ import annotations
@@ -48,14 +51,18 @@ INT4_LEVELS = 15  # codes 0..15, read as (code - 8) · scale + zero by torch's k
 INT4_GROUP = 64  # input channels per scale and zero (torch's kernel takes 32, 64, 128 or 256)
 
 
-_generating = False  # inside `generating_tokens`: projections with an int4 copy read it
+_generating = 0  # inside `generating_tokens`: the sequences of the batch (0 outside)
 
 
 @contextmanager
-def generating_tokens() -> Iterator[None]:
-    """The steps inside generate tokens (decode, verify): projections read their int4 copies."""
+def generating_tokens(batch: int) -> Iterator[None]:
+    """The steps inside generate tokens for a batch of `batch` sequences (decode, verify):
+    projections with an int4 copy read it, for a batch of up to the policy's `int4_copy_max_batch`
+    sequences; a larger batch reads the weights, as many rows of a prompt do. Decided by the batch,
+    not by the rows of a product, so that a verify span computes each token as a decode step of the
+    same batch does."""
     global _generating
-    before, _generating = _generating, True
+    before, _generating = _generating, batch
     try:
         yield
     finally:
@@ -78,13 +85,13 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     return F.linear(x, weight)
 
 
-def linear_int8(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+def linear_int8(x: Tensor, weight: Tensor, scale: Tensor, round_x: bool = True) -> Tensor:
     """x [..., K] times (weight int8 [N, K] · scale) transposed → [..., N] in x's dtype; `scale` is
     one per row [N] or one per group of input channels [N, K/group] (fp16 or fp32).
 
     On a CPU:
     - with a scale per row, more rows than the policy's int8 kernel takes, where the policy says
-      so (`int8_activations`): x rounded to int8 too, multiplied in int8;
+      so (`int8_activations`) and `round_x`: x rounded to int8 too, multiplied in int8;
     - in fp32 (with group scales in any dtype), eagerly, any number of rows: the weight widened a
       block of rows at a time, each block's product taken while it is in cache (faster than
       dequantizing the whole weight first);
@@ -98,7 +105,7 @@ def linear_int8(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     policy = machine.POLICY
     on_cpu, few = x.device.type == "cpu", rows.shape[0] <= policy.int8_packed_max_rows
     widens = x.dtype == torch.float32 or scale.dim() == 2
-    if on_cpu and not few and policy.int8_activations and scale.dim() == 1:
+    if on_cpu and not few and round_x and policy.int8_activations and scale.dim() == 1:
         return int8_activations(rows, weight, scale).reshape(*x.shape[:-1], weight.shape[0])
     if on_cpu and widens and not torch.compiler.is_compiling():
         return int8_widened(rows, weight, scale, policy.widen_block_rows).reshape(*x.shape[:-1], weight.shape[0])
@@ -150,11 +157,20 @@ def int8_activations(rows: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     """rows rounded to int8 with a scale per row (symmetric, as the weight), multiplied by the int8
     weight in int8 with int32 sums (`torch._int_mm`: VNNI or AMX-INT8 where the CPU has them), then
     scaled by both: each x moves by at most half its row's step, |x|max / 254."""
+    return int8_rounded_product(*rounded_rows(rows), weight, scale, rows.dtype)
+
+
+def rounded_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """rows [n, K] → int8 codes [n, K] and each row's step [n, 1] (fp32): rows ≈ codes · step."""
     wide = rows.float()
     step = wide.abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny) / INT8_MAX
-    codes = (wide / step).round_().to(torch.int8)
+    return (wide / step).round_().to(torch.int8), step
+
+
+def int8_rounded_product(codes: Tensor, step: Tensor, weight: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+    """Rows rounded to int8 (`rounded_rows`) times the int8 weight (a scale per row) → [n, N] in `dtype`."""
     sums = torch._int_mm(codes, weight.t())
-    return (sums.float() * step * scale.float()).to(rows.dtype)
+    return (sums.float() * step * scale.float()).to(dtype)
 
 
 def int8_dequantized(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
@@ -360,8 +376,15 @@ class Projection(nn.Module):
         return StackedProjections([cls(part) for part in parts])
 
     def forward(self, x: Tensor) -> Tensor:
-        if _generating and self.int4_copy is not None:
-            return linear_int4(x, self.int4_copy, self.int4_copy_scale_and_zero, self.int4_copy_group)
+        if _generating:  # one form for the batch, whatever the rows of this product (a step, a span)
+            past_copy = _generating > machine.POLICY.int4_copy_max_batch
+            if self.int4_copy is not None and not past_copy:
+                return linear_int4(x, self.int4_copy, self.int4_copy_scale_and_zero, self.int4_copy_group)
+            if self.scale is not None and self.scale.dim() == 1:  # int8 with a scale per row
+                if past_copy and machine.POLICY.int8_activations and x.device.type == "cpu":  # as auto reads: x rounded too
+                    rows = x.reshape(-1, x.shape[-1])
+                    return int8_activations(rows, self.weight, self.scale).reshape(*x.shape[:-1], self.weight.shape[0])
+                return linear_int8(x, self.weight, self.scale, round_x=False)
         if self.scale_and_zero is not None:
             return linear_int4(x, self.weight, self.scale_and_zero, self.group)
         if self.scale is None:

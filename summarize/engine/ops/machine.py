@@ -18,6 +18,7 @@ import torch
 from summarize.engine.ops.int4_packing import packing_block_rows
 
 X86 = ("x86_64", "amd64", "x86", "i386", "i686")  # platform.machine() of an x86 CPU
+EVERY_BATCH = 1 << 16  # more sequences than any batch the engine generates
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class CpuPolicy:
     # 1: a full-precision model loaded with quantize="auto" keeps an int4 copy of its weights for
     # the steps that generate tokens (`Projection.add_int4_copy`); 0: it keeps its weights alone
     int4_copy_generates: int
+    # generating batches of up to this many sequences read the int4 copy; a larger batch reads the
+    # weights as a prompt's are read (x rounded to int8 where `auto` stored them as int8)
+    int4_copy_max_batch: int
     chunk_token_heads: int  # token × head rows per block of the chunked recurrences
 
 
@@ -57,6 +61,7 @@ def policy_for(multiplies_bf16: bool, int4_block_rows: int | None) -> CpuPolicy:
         int4_kernel_max_rows=64,
         int4_block_rows=int4_block_rows,
         int4_copy_generates=0,
+        int4_copy_max_batch=EVERY_BATCH,
         chunk_token_heads=2048,
     )
 
