@@ -26,7 +26,7 @@ from torch._dynamo.utils import counters
 from summarize.engine import load_model
 from summarize.engine.compiled import PREFILL_COMPILE_TOKENS
 from summarize.engine.ops import machine
-from summarize.engine.ops.int4_packing import int4_codes
+from summarize.engine.ops.int4_packing import int4_codes, pack_int4_codes
 from summarize.engine.ops.linear import INT4_GROUP, INT4_LEVELS, INT8_MAX, Projection, dequantize_int4, int8_activations
 from summarize.errors import SummarizeError
 from tiny_models import RWKV6_TINY, RWKV_TINY, blinkdl_checkpoint, dense_reference, rwkv6_checkpoint, save_checkpoint
@@ -142,6 +142,13 @@ def test_int4_codes_read_back_as_torch_packed_them_whatever_block_this_cpu_uses(
     assert torch.equal(int4_codes(packed, block_rows), codes.to(torch.uint8))
     ids = torch.tensor([0, 17, 31, 32, 63, 64, 200, 255])
     assert torch.equal(int4_codes(packed, block_rows, ids), codes[ids].to(torch.uint8))
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (256, 128), (1024, 3584)])
+def test_our_int4_packing_lays_codes_out_as_torchs_does(shape):
+    codes = torch.randint(0, INT4_LEVELS + 1, shape, dtype=torch.int32)
+    want = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    assert torch.equal(pack_int4_codes(codes.float(), machine.POLICY.int4_block_rows), want)
 
 
 def test_int4_weights_are_within_half_a_step_of_the_original():

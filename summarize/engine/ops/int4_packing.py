@@ -25,6 +25,16 @@ def packing_block_rows() -> int | None:
     return next((b for b in BLOCKS_TRIED if torch.equal(int4_codes(packed, b), codes.to(torch.uint8))), None)
 
 
+def pack_int4_codes(codes: Tensor, block_rows: int) -> Tensor:
+    """codes [N, K] (0..15, in any dtype) → [N, K/2] uint8 laid out as torch's CPU packing with
+    blocks of `block_rows` rows: the inverse of `int4_codes`. The same bytes as
+    `_convert_weight_to_int4pack_for_cpu`, which takes the codes as int32 only and packs them more
+    slowly (tests/test_quantize.py)."""
+    N, K = codes.shape
+    halves = codes.to(torch.uint8).view(N // block_rows, 2, block_rows // 2, K)  # a block's low, high rows
+    return (halves[:, 0] | (halves[:, 1] << 4)).transpose(1, 2).contiguous().view(N, K // 2)
+
+
 def int4_codes(packed: Tensor, block_rows: int, ids: Tensor | None = None) -> Tensor:
     """The codes 0..15 of the rows `ids` [n] (all rows when None) of a weight packed in blocks of
     `block_rows` rows → [n, K] uint8."""
