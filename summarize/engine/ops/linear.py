@@ -234,7 +234,7 @@ def streamed(x: Tensor, weight: Tensor, scale: Tensor | None = None) -> Tensor:
 def quantize_rows(rows: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """fp32 rows [n, K] → int8 [n, K] and one scale per row [n] in `dtype`, symmetric: the scale
     is rounded to `dtype` first and then used exactly. `rows` is overwritten."""
-    absmax = rows.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
+    absmax = torch.maximum(rows.amax(dim=1), rows.amin(dim=1).neg_()).clamp_min(torch.finfo(torch.float32).tiny)  # no |rows| copy
     scale = (absmax / INT8_MAX).to(dtype)
     rows.div_(scale.float()[:, None]).round_().clamp_(-INT8_MAX, INT8_MAX)
     return rows.to(torch.int8), scale
