@@ -463,7 +463,7 @@ def int4_packed(weight: Tensor, group: int) -> tuple[Tensor, Tensor]:
     for start in range(0, N, QUANTIZE_BLOCK_ROWS):  # a multiple of the block: packed blocks stay whole
         rows = slice(start, start + QUANTIZE_BLOCK_ROWS)
         block = weight[rows].to(torch.float32, copy=True).view(-1, K // group, group)  # overwritten in place below
-        low, high = block.amin(dim=-1), block.amax(dim=-1)  # torch.aminmax over 64 values: 10x slower
+        low, high = block.amin(dim=-1), block.amax(dim=-1)  # faster than torch.aminmax over a group (performance.md)
         scale = ((high - low) / INT4_LEVELS).clamp_min(torch.finfo(torch.float32).tiny).bfloat16().float()
         zero = (low + 8 * scale).bfloat16().float()  # code 0 reads as the group's minimum
         codes = block.sub_(zero[..., None]).div_(scale[..., None]).add_(8).round_().clamp_(0, INT4_LEVELS)
