@@ -65,7 +65,7 @@ def test_a_batch_past_the_copys_reads_the_weight_as_stored(monkeypatch):
     """The policy's `int4_copy_max_batch` sequences generate from the copy; a larger batch reads the
     weight as a prompt's rows do: full precision exactly as outside, auto's int8 with x rounded to
     int8 too. Decided by the batch, whatever the rows of the product (a verify span's tokens)."""
-    monkeypatch.setattr(machine, "POLICY", replace(machine.POLICY, int8_activations=1, int4_copy_max_batch=2))
+    monkeypatch.setattr(machine, "POLICY", replace(machine.POLICY, int4_copy_generates=1, int8_activations=1, int4_copy_max_batch=2))
     gen = torch.Generator().manual_seed(0)
     projection = Projection(torch.randn(128, 256, generator=gen).bfloat16())
     assert projection.add_int4_copy()

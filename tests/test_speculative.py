@@ -179,7 +179,7 @@ def test_a_batch_verifies_a_span_as_it_decodes_it_whichever_form_it_generates_fr
     of a step of that grid, a rounding-level difference, moves by the step (0.6% and 1.3% at most
     over 20 prompts on this tiny model)."""
     model, vocab = models["dense, int8 past the copy's batch"]
-    monkeypatch.setattr(machine, "POLICY", replace(machine.POLICY, int8_activations=1, int4_copy_max_batch=copy_up_to))
+    monkeypatch.setattr(machine, "POLICY", replace(machine.POLICY, int4_copy_generates=1, int8_activations=1, int4_copy_max_batch=copy_up_to))
     g = torch.Generator().manual_seed(6)
     prompt, span = torch.randint(0, vocab, (3, 11), generator=g), torch.randint(0, vocab, (3, 6), generator=g)
     spanned, stepped = model.new_state(3), model.new_state(3)

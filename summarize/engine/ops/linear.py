@@ -23,8 +23,9 @@ policy's `int4_copy_max_batch` sequences, while reading a prompt (and a larger b
 weight as stored: torch's GEMM or int8 products are fast for many rows, the int4 kernel reads a
 quarter of bf16's bytes for one. Every token a batch generates then comes from one form, whether
 decoded one at a time or verified in a span, so speculative and plain decoding still write the
-same text. For the same reason an int8 weight (a scale per row) rounds x to int8 in generating
-only for a batch past the copy's, never by the rows of one product.
+same text. For the same reason, where the copies generate, an int8 weight (a scale per row, as
+`auto` stores one) rounds x to int8 in generating only for a batch past the copy's, never by the
+rows of one product.
 """
 
 from __future__ import annotations
@@ -380,7 +381,7 @@ class Projection(nn.Module):
             past_copy = _generating > machine.POLICY.int4_copy_max_batch
             if self.int4_copy is not None and not past_copy:
                 return linear_int4(x, self.int4_copy, self.int4_copy_scale_and_zero, self.int4_copy_group)
-            if self.scale is not None and self.scale.dim() == 1:  # int8 with a scale per row
+            if self.scale is not None and self.scale.dim() == 1 and machine.POLICY.int4_copy_generates:  # auto's int8, a scale per row
                 if past_copy and machine.POLICY.int8_activations and x.device.type == "cpu":  # as auto reads: x rounded too
                     rows = x.reshape(-1, x.shape[-1])
                     return int8_activations(rows, self.weight, self.scale).reshape(*x.shape[:-1], self.weight.shape[0])
