@@ -1,5 +1,5 @@
-"""torch's CPU int4 packing: the block of rows it packs together on this CPU, and the codes read
-back out of it.
+"""torch's CPU int4 packing: the block of rows it packs together on this CPU, codes packed in
+that layout, and the codes read back out of it.
 
 For each input channel a block of b rows holds b/2 bytes whose low nibbles are its rows 0..b/2−1
 and high nibbles the rest. b depends on the kernels torch picked for the CPU (64 with AVX-512, 32
