@@ -216,15 +216,14 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
         weights = timed_weights(shapes, main, dtype, int4_copy=True)
         if weights:
             candidates = full_precision_candidates(dtype, compiles) | {"int4 copy": int4_copy_product}
-            own = {"int4 copy": (copy_dequantized, TOLERANCE[torch.bfloat16])}
-            winner = race("int4 copy generates", weights, candidates, DECODE_ROWS, TOLERANCE[dtype], own)
+            winner = race("int4 copy generates", weights, candidates, DECODE_ROWS, TOLERANCE[dtype], COPY_OWN)
             if winner is not None:
                 chosen["int4_copy_generates"] = int(winner == "int4 copy")
                 copied = weights if winner == "int4 copy" else []
     if main in FULL_PRECISION:
         weights = timed_weights(shapes, main, dtype)
         if weights:  # the weights as int8 (what quantize="auto" would store), x rounded to int8 too
-            twins = {id(p): quantized(copy.deepcopy(p), "int8") for _, _, copies in weights for p in copies}
+            twins = int8_twins(weights)
             candidates = {"GEMM": lambda x, p: F.linear(x, p.weight),
                           "int8 activations": lambda x, p: int8_product(x, twins[id(p)])}
             own = {"int8 activations": (lambda p: dequantized(twins[id(p)]), INT8_ACTIVATIONS_TOLERANCE)}
@@ -233,9 +232,9 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
                 chosen["int8_activations"] = int(winner == "int8 activations")
     if copied and "int8_activations" in chosen:
         # sequences generating together: their int4 copy, or the weights as the reads store them
-        own = {"int4 copy": (copy_dequantized, TOLERANCE[torch.bfloat16])}
+        own = dict(COPY_OWN)
         if chosen["int8_activations"]:
-            twins = {id(p): quantized(copy.deepcopy(p), "int8") for _, _, copies in copied for p in copies}
+            twins = int8_twins(copied)
             own["int8 activations"] = (lambda p: dequantized(twins[id(p)]), INT8_ACTIVATIONS_TOLERANCE)
             rounded: dict[str, tuple] = {}  # x and its rounding, made once per x where a compiled step fuses it
 
@@ -329,12 +328,21 @@ def full_precision_candidates(dtype: torch.dtype, compiles: bool) -> dict[str, P
     return {"GEMM": lambda x, p: F.linear(x, p.weight)}
 
 
+def int8_twins(weights: list[tuple[float, int, list[Projection]]]) -> dict[int, Projection]:
+    """id of each timed projection → its weight as int8 (what quantize="auto" would store)."""
+    return {id(p): quantized(copy.deepcopy(p), "int8") for _, _, copies in weights for p in copies}
+
+
 def int4_copy_product(x: Tensor, projection: Projection) -> Tensor:
     return int4_kernel(x, projection.int4_copy, projection.int4_copy_scale_and_zero, projection.int4_copy_group)
 
 
 def copy_dequantized(projection: Projection) -> Tensor:
     return dequantize_int4(projection.int4_copy, projection.int4_copy_scale_and_zero, projection.int4_copy_group, torch.float32)
+
+
+# the int4 copy is held to its own dequantized weight, at the tolerance of a product reading x in bf16
+COPY_OWN = {"int4 copy": (copy_dequantized, TOLERANCE[torch.bfloat16])}
 
 
 def _rows_won(race: Callable[[int], str | None], candidate: str) -> tuple[int, int] | None:
