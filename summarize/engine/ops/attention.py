@@ -49,20 +49,21 @@ def token_major(x: Tensor) -> Tensor:
 
 
 def attend_one_token(q: Tensor, keys: Tensor, values: Tensor, hidden: Tensor | None) -> Tensor:
-    """One query per row, q [B, H, 1, D], over the whole cache [B, H_kv, L, D], in fp32.
+    """One query per row, q [B, H, 1, D], over the whole cache [B, H_kv, L, D].
 
-    Two small products: on a CPU they beat torch's flash kernel for a single query several
-    times over, with fp32 scores as exact as the math kernel's. A row never sees the keys that
-    `hidden` ([B, L] bool) marks.
+    The query heads that share a key head are handed to torch's flash kernel as that head's
+    queries at once ([B, H_kv, H / H_kv, D]), so each key and value block is read once per group,
+    widened to fp32 in cache: one query per head, or the cache widened whole, reads it several
+    times over. A row never sees the keys that `hidden` ([B, L] bool) marks.
     """
     B, H, _, D = q.shape
     kv_heads = keys.shape[1]
-    grouped = q.reshape(B, kv_heads, H // kv_heads, D).float()  # query head h reads kv head h // group
-    scores = torch.matmul(grouped, keys.transpose(-1, -2).float()).mul_(D**-0.5)  # [B, H_kv, group, L]
+    grouped = q.reshape(B, kv_heads, H // kv_heads, D)  # query head h reads kv head h // group
+    mask = None
     if hidden is not None:
-        scores.masked_fill_(hidden[:, None, None, :], float("-inf"))
-    out = torch.matmul(scores.softmax(dim=-1), values.float())
-    return out.reshape(B, H, 1, D).to(q.dtype)
+        mask = torch.zeros(B, 1, 1, hidden.shape[1], dtype=q.dtype, device=q.device).masked_fill_(hidden[:, None, None, :], float("-inf"))
+    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(grouped, keys, values, 0.0, False, attn_mask=mask)[0]
+    return out.reshape(B, H, 1, D)
 
 
 def attend_past_then_new(q: Tensor, keys: Tensor, values: Tensor, past: int) -> Tensor:
