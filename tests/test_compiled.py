@@ -374,7 +374,7 @@ def test_a_batch_size_compiles_its_verify_step_after_a_few_eager_verify_passes(f
     assert model.compiled.verified[3] == 3 and not model.compiled.compiles_verify(3)
 
 
-@pytest.mark.parametrize("graph", ["decode_layer", "verify_layer"])
+@pytest.mark.parametrize("graph", ["decode_graphs", "verify_graphs"])
 def test_a_step_that_fails_to_compile_runs_eagerly_with_the_same_logits(folder, capsys, graph):
     """A decode or verify graph is first built on a scratch state: if that fails, the real state is
     left as it was and every such step of the run runs eagerly, said once on stderr."""
@@ -384,7 +384,7 @@ def test_a_step_that_fails_to_compile_runs_eagerly_with_the_same_logits(folder, 
     def fails_to_compile(*args):
         raise RuntimeError("C++ compile failed: no such compiler")
 
-    setattr(model.compiled, graph, fails_to_compile)
+    setattr(model.compiled, graph, compiled.Graphs(fails_to_compile, fails_to_compile, fails_to_compile))
     states = eager.new_state(1), model.new_state(1)
     for m, state in zip((eager, model), states):
         m.prefill(prompt(9, seed=3), state)

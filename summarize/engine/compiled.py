@@ -27,6 +27,8 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from types import FunctionType
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -59,12 +61,41 @@ EAGER_VERIFIES = 8
 VERIFY_MIN_TOKENS = 3
 
 
-def _layer_step(layer, x: Tensor, layer_state, context, with_stats: bool):
-    return layer(x, layer_state, context, with_stats)
+def _call(fn, *args):
+    return fn(*args)
 
 
 def _head(model, hidden: Tensor) -> Tensor:
     return model.logits(hidden)
+
+
+class Graphs(NamedTuple):
+    """What runs the layers in one kind of step (decode, prefill, verify), each called as
+    `graph(callable, *args)`: `layer` whole layers, `before` and `after` the halves of a layer that
+    reads a cache (`_run`). Compiled, each has code of its own: graphs are cached per code object,
+    and a short list of them is quick to look up at every call."""
+
+    layer: Callable
+    before: Callable
+    after: Callable
+
+
+EAGER = Graphs(_call, _call, _call)
+
+
+def _graphs(dynamic: bool) -> Graphs:
+    own = (FunctionType(_call.__code__.replace(), _call.__globals__, _call.__name__) for _ in Graphs._fields)
+    return Graphs(*(torch.compile(fn, dynamic=dynamic) for fn in own))
+
+
+def _run(graphs: Graphs, layer, x: Tensor, layer_state, context, with_stats: bool):
+    """One layer through `graphs`. A layer that reads a cache (`model.Steps.layer`) reads it
+    eagerly between two graphs: a graph break inside one compiled call would trace every frame
+    around it twice, in every process."""
+    if not getattr(layer, "reads_cache", False):
+        return graphs.layer(layer, x, layer_state, context, with_stats)
+    parts = graphs.before(layer.before_cache, x, context)
+    return graphs.after(layer.after_cache, x, layer.read_cache(parts, layer_state), with_stats)
 
 
 class CompiledSteps(Steps):
@@ -80,24 +111,25 @@ class CompiledSteps(Steps):
         self.prefill_ready = False  # whether prefill runs through its graphs (or they failed: eager)
         self.verified: dict[int, int] = {}  # batch size -> verify passes run
         self.said_eager = False
-        self.decode_layer = torch.compile(_layer_step, dynamic=False)
-        # code objects of their own: compiled graphs are cached per code object
-        self.prefill_layer = torch.compile(lambda *args: _layer_step(*args), dynamic=True)
-        self.verify_layer = torch.compile(lambda *args: _layer_step(*args), dynamic=True)
+        self.decode_graphs = _graphs(dynamic=False)
+        self.prefill_graphs = _graphs(dynamic=True)
+        self.verify_graphs = _graphs(dynamic=True)
         self.head_step = torch.compile(_head, dynamic=False)
 
     def layer(self, layer, x: Tensor, layer_state, context, with_stats: bool):
+        verifying = x.shape[1] > 1 and layer_state.drafting
         if x.shape[1] == 1:
-            return self.decode_layer(layer, x, layer_state, context, with_stats)
-        if not layer_state.drafting:
-            step = self.prefill_layer if self.prefill_ready else _layer_step
-            return step(layer, x, layer_state, context, with_stats)
-        if not self.compiles_verify(x.shape[0]):
-            return _layer_step(layer, x, layer_state, context, with_stats)
+            graphs = self.decode_graphs
+        elif not verifying:
+            graphs = self.prefill_graphs if self.prefill_ready else EAGER
+        else:
+            graphs = self.verify_graphs if self.compiles_verify(x.shape[0]) else EAGER
+        if not verifying:
+            return _run(graphs, layer, x, layer_state, context, with_stats)
         # A draft's first length may equal a state dimension (the conv window's 3); left to
         # itself, dynamo would tie the two and compile again for the next length.
         with torch.fx.experimental._config.patch(use_duck_shape=False):
-            return self.verify_layer(layer, x, layer_state, context, with_stats)
+            return _run(graphs, layer, x, layer_state, context, with_stats)
 
     def will_read(self, model, tokens: int) -> None:
         if self.prefill_ready or tokens < self.prefill_from:
@@ -110,7 +142,7 @@ class CompiledSteps(Steps):
             tokens = max(machine.POLICY.int4_kernel_max_rows, WARM_UP_MIN_ROWS) + WARM_UP_EXTRA_TOKENS
             model.run_layers(torch.zeros(1, tokens, dtype=torch.long, device=model.device), model.new_state(1), True)
 
-        self._first_use("prefill", "compiling the prefill step", {"prefill_layer": _layer_step}, on_scratch)
+        self._first_use("prefill", "compiling the prefill step", {"prefill_graphs": EAGER}, on_scratch)
 
     def head(self, model, hidden: Tensor) -> Tensor:
         return self.head_step(model, hidden)
@@ -119,7 +151,7 @@ class CompiledSteps(Steps):
         rows = token_ids.shape[0]
         step = f"decode B={rows}" + (" with diagnostics" if with_stats else "")
         if step not in self.seconds:
-            self._first_use(step, f"compiling the decode step for {_rows(rows)}", {"decode_layer": _layer_step, "head_step": _head},
+            self._first_use(step, f"compiling the decode step for {_rows(rows)}", {"decode_graphs": EAGER, "head_step": _head},
                             lambda: super(CompiledSteps, self).decode(model, token_ids, model.new_state(rows), with_stats))
         return super().decode(model, token_ids, state, with_stats)
 
@@ -138,7 +170,7 @@ class CompiledSteps(Steps):
                 self._verify_padded(model, token_ids, scratch)
                 scratch.accept(torch.ones(rows, dtype=torch.long, device=token_ids.device))
 
-            self._first_use(f"verify B={rows}", f"compiling the verify step for {_rows(rows)}", {"verify_layer": _layer_step}, on_scratch)
+            self._first_use(f"verify B={rows}", f"compiling the verify step for {_rows(rows)}", {"verify_graphs": EAGER}, on_scratch)
         return self._verify_padded(model, token_ids, state)
 
     def _verify_padded(self, model, token_ids: Tensor, state) -> Tensor:

@@ -34,6 +34,10 @@ class Steps:
     """Runs a model's layers and head eagerly."""
 
     def layer(self, layer: nn.Module, x: Tensor, layer_state, context, with_stats: bool):
+        """One layer over x [B, T, H]. A layer that reads a cache whose length changes every step
+        (attention) sets `reads_cache` and is three steps besides its `forward`, which chains
+        them: `before_cache(x, context) -> parts`, `read_cache(parts, layer_state) -> parts` (run
+        eagerly by every `Steps`) and `after_cache(x, parts, with_stats) -> (x, stats)`."""
         return layer(x, layer_state, context, with_stats)
 
     def head(self, model: RecurrentModel, hidden: Tensor) -> Tensor:

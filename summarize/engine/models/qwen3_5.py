@@ -400,6 +400,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: Qwen35Config, take: Take, p: str, kind: str, fused_experts: bool) -> None:
         super().__init__()
         self.kind = kind
+        self.reads_cache = kind == "full_attention"
         if self.kind == "linear_attention":
             self.mixer = GatedDeltaNet(cfg, take, p + "linear_attn.")
         else:
@@ -413,17 +414,25 @@ class DecoderLayer(nn.Module):
         self, x: Tensor, layer_state: LayerState, rotary: tuple[Tensor, Tensor], with_stats: bool
     ) -> tuple[Tensor, RecurrenceStats | None]:
         """One layer over x [B, T, H]."""
-        h = rms_norm(x, self.input_norm, self.eps)
-        if self.kind == "linear_attention":
-            h, stats = self.mixer(h, layer_state, with_stats)
-        else:
-            # `attend` runs eagerly (the cache grows), so a compiled layer step breaks there.
-            # Called here rather than inside the mixer, the step resumes in one graph (output
-            # projection, residual, MLP) instead of one per nested call.
-            q, k, v, gate = self.mixer.project(h, rotary)
-            h, stats = self.mixer.finish(attend(q, k, v, layer_state), gate), None
-        x = x + h
-        return x + self.mlp(rms_norm(x, self.post_norm, self.eps)), stats
+        if self.reads_cache:
+            return self.after_cache(x, self.read_cache(self.before_cache(x, rotary), layer_state), with_stats)
+        h, stats = self.mixer(rms_norm(x, self.input_norm, self.eps), layer_state, with_stats)
+        return self._mlp(x + h), stats
+
+    # A full-attention layer in three steps (`model.Steps.layer`): the cache's read in the middle
+    # runs eagerly (the cache grows every step).
+    def before_cache(self, x: Tensor, rotary: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        return self.mixer.project(rms_norm(x, self.input_norm, self.eps), rotary)
+
+    def read_cache(self, parts: tuple[Tensor, Tensor, Tensor, Tensor], layer_state: LayerState) -> tuple[Tensor, Tensor]:
+        q, k, v, gate = parts
+        return attend(q, k, v, layer_state), gate
+
+    def after_cache(self, x: Tensor, parts: tuple[Tensor, Tensor], with_stats: bool) -> tuple[Tensor, None]:
+        return self._mlp(x + self.mixer.finish(*parts)), None
+
+    def _mlp(self, x: Tensor) -> Tensor:
+        return x + self.mlp(rms_norm(x, self.post_norm, self.eps))
 
 
 class MultiTokenPredictor(nn.Module):
