@@ -137,6 +137,24 @@ def test_each_graph_is_traced_once(folder):
     assert started > 0 and counters["aot_autograd"]["ok"] - before.get("ok", 0) == started
 
 
+def test_no_compiled_step_breaks_its_graph(folder):
+    """An attention layer reads its KV cache eagerly between two graphs of its own: a graph broken
+    inside one compiled call would have dynamo trace every frame around the break twice, in every
+    process."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    breaks = sum(counters["graph_break"].values())
+    model = compiled_from_the_start(load_model(folder, device="cpu", dtype=torch.float32, compile=True))
+    assert any(layer.reads_cache for layer in model.layers)
+    state = model.new_state(2)
+    model.prefill(prompt(70, seed=4).expand(2, -1), state)
+    model.decode(torch.tensor([3, 4]), state)
+    model.verify(torch.tensor([[5, 6, 7], [8, 9, 10]]), state)
+    assert set(model.compiled.seconds) == {"prefill", "decode B=2", "verify B=2"}
+    assert sum(counters["graph_break"].values()) == breaks
+
+
 @pytest.mark.parametrize("length", [2, 45, 70])  # shortest; chunks of the delta rule and a rest
 def test_compiled_prefill_equals_eager_prefill_with_its_diagnostics(models, length):
     """One graph per layer kind serves every length: logits, state and diagnostics as eager."""

@@ -72,8 +72,8 @@ def _head(model, hidden: Tensor) -> Tensor:
 class Graphs(NamedTuple):
     """What runs the layers in one kind of step (decode, prefill, verify), each called as
     `graph(callable, *args)`: `layer` whole layers, `before` and `after` the halves of a layer that
-    reads a cache (`_run`). Compiled, each has code of its own: graphs are cached per code object,
-    and a short list of them is quick to look up at every call."""
+    reads a cache (`_run`). Compiled, each has code of its own, where dynamo keeps its graphs: a
+    shorter list to look up at every call."""
 
     layer: Callable
     before: Callable
@@ -185,7 +185,7 @@ class CompiledSteps(Steps):
     def _first_use(self, step: str, what: str, graphs: dict[str, Callable], on_scratch: Callable[[], object]) -> None:
         """A step's first call at a shape compiles its graphs (or reads them from disk): run it once
         on a scratch state, so that should compiling fail, the real state is untouched and each of
-        `graphs` (attribute -> its eager function) runs eagerly from then on."""
+        `graphs` (attribute -> what runs eagerly instead) runs eagerly from then on."""
         self.say(what)
         started = time.perf_counter()
         try:
