@@ -8,6 +8,7 @@ with the same exit codes; a file named `plot` is summarized as `./plot`.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -103,6 +104,7 @@ class _OneLineErrors(TyperCommand):
             code = EXIT_FAILED
         if not standalone_mode:
             return code
+        gc.freeze()  # else the interpreter, exiting, walks every object torch and its compiler made
         sys.exit(code or EXIT_OK)
 
 
