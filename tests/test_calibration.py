@@ -165,6 +165,39 @@ def test_compiled_steps_race_int8_activations_as_a_prefill_graph_runs_them(monke
     assert race["seconds"]["int8 activations"] is not None
 
 
+def prepacked_taking(batch: float, prompt: float):
+    """A timer under which int8 activations win the reads (1 s against the GEMM's 2 s) and, raced
+    against them, int8 prepacked take `batch` s for a batch's rows and `prompt` s for a prompt's."""
+
+    def timer(rows, candidates, deadline):
+        if "int8 prepacked" in candidates:
+            return {"int8 activations": 1.0, "int8 prepacked": prompt if rows == calibration.READ_ROWS else batch}
+        return {name: 1.0 if name == "int8 activations" else 2.0 for name in candidates}
+
+    return timer
+
+
+@pytest.mark.skipif(not linear.can_prepack_int8(), reason="this torch has no oneDNN int8 kernel for prepacked weights")
+@pytest.mark.parametrize("batch, prompt, prepacked", [
+    (0.5, 1.0, 1),
+    (0.5, calibration.PREPACKED_READ_SLACK - 0.01, 1),  # a prompt read a little slower, within the slack
+    (0.5, calibration.PREPACKED_READ_SLACK + 0.1, 0),
+    (1.5, 0.5, 0),  # no faster for a batch
+])
+def test_int8_weights_are_prepacked_where_that_wins_a_batch_and_reads_a_prompt_about_as_fast(batch, prompt, prepacked):
+    table = calibrate(shapes("bfloat16"), torch.bfloat16, timer=prepacked_taking(batch, prompt))
+    assert table.fields["int8_activations"] == 1 and table.fields["int8_prepacked"] == prepacked
+    races = [race for race in table.races if race["decision"] == "int8 prepacked"]
+    assert [race["rows"] for race in races] == [max(calibration.BATCH_ROW_COUNTS), calibration.READ_ROWS]
+    assert all(None not in race["seconds"].values() for race in races)  # both exact to int8's tolerance
+
+
+def test_no_prepacked_race_where_int8_does_not_read():
+    table = calibrate(shapes("bfloat16"), torch.bfloat16, timer=faster("GEMM", range(1, 1000)))
+    assert "int8_prepacked" not in table.fields
+    assert all(race["decision"] != "int8 prepacked" for race in table.races)
+
+
 def copy_for_few(up_to: int, int8_reads: bool):
     """A timer under which the int4 copy takes 1 s up to `up_to` rows and 3 s past them, int8
     activations 1.5 s where they win the reads (4 s elsewhere), every other candidate 2 s."""

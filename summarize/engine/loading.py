@@ -302,10 +302,12 @@ def auto_forms(model, copy: bool, int8: bool) -> None:
     """quantize="auto"'s forms of `model`'s full-precision projections, one projection at a time so
     that memory grows by one projection at most: with `copy`, an int4 copy to generate tokens with
     (`Projection.add_int4_copy`; not for a table read only by row), made from the weight before
-    `int8` stores it as int8 for reading (`linear.int8_activations`). Copies that would take more
+    `int8` stores it as int8 for reading (`linear.int8_activations`), prepacked where the policy says
+    so (`Projection.prepack_int8`; a head also read by row keeps its plain rows beside). Copies that would take more
     than half the available memory, net of what int8 frees, are not made (said in
     `model.load_notes`). Sets `model.int4_copy_bytes` and `model.reads_int8`."""
     lookups = {id(table) for table in model.lookup_tables()}  # read by row: a copy would never be read
+    read_by_row = {id(table) for table in model.row_tables()}  # a prepacked one keeps its plain rows too
     full = [p for p in model.modules() if isinstance(p, Projection) and p.scale is None and p.scale_and_zero is None]
     copied = {id(p) for p in full if id(p) not in lookups and int4_takes(p.weight.shape, INT4_GROUP, p.weight.device)}
     # codes, and a bf16 scale and zero per group; int8 keeps a byte a weight (and a scale a row)
@@ -316,11 +318,14 @@ def auto_forms(model, copy: bool, int8: bool) -> None:
         model.load_notes.append(f"no int4 copy to generate with: it needs {needed / 2**30:.1f} GiB, "
                                 f"{available / 2**30:.1f} GiB is available")
         needed = 0
+    prepack = int8 and bool(machine.POLICY.int8_prepacked)
     for projection in full:
         if needed and id(projection) in copied:
             projection.add_int4_copy()
         if int8:
             projection.quantize_int8()
+        if prepack and id(projection) not in lookups:  # a table read only by row stays plain
+            projection.prepack_int8(keep_rows=id(projection) in read_by_row)
     model.int4_copy_bytes, model.reads_int8 = needed, int8
     release_free_memory()  # the replaced weights, and the packing's temporaries
 

@@ -101,6 +101,11 @@ class RecurrentModel(nn.Module):
         """Its projections read only by row (an embedding that is not also the head)."""
         return []
 
+    def row_tables(self) -> list[nn.Module]:
+        """Its projections read by row at all: the lookups, an embedding that is also the head, a
+        head whose rows a drafter reads."""
+        return self.lookup_tables()
+
     @property
     def dtype(self) -> torch.dtype:
         raise NotImplementedError

@@ -516,6 +516,9 @@ class Qwen35Model(RecurrentModel):
     def lookup_tables(self) -> list[nn.Module]:
         return [] if self.lm_head is self.embed_tokens else [self.embed_tokens]
 
+    def row_tables(self) -> list[nn.Module]:
+        return [self.embed_tokens, self.lm_head]  # the multi-token-prediction drafter reads the head's rows
+
     @property
     def device(self) -> torch.device:
         return self.embed_tokens.weight.device

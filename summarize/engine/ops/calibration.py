@@ -42,12 +42,15 @@ from summarize.engine.ops import machine
 from summarize.engine.ops.linear import (
     STREAMED_MAX_ROWS,
     Projection,
+    can_prepack_int8,
     dequantize_int4,
     int4_dequantized,
     int4_kernel,
     int8_activations,
     int8_dequantized,
     int8_kernel,
+    int8_prepacked,
+    int8_prepacked_product,
     int8_rounded_product,
     int8_widened,
     quantized,
@@ -59,7 +62,7 @@ from summarize.files import user_cache_folder, write_atomic
 
 ENV = "SUMMARIZE_CALIBRATE"  # "0": the portable default policy, nothing timed
 TABLE_NAME = "kernel-policy.json"  # in the user cache folder, beside torchinductor/
-TABLE_FORMAT = 3  # 3: the int4 copy raced by batch size (tables of 2 are timed again)
+TABLE_FORMAT = 4  # 4: int8 weights prepacked for oneDNN raced (tables of 3 are timed again)
 TABLES_KEPT = 16  # machine × model entries in the file, the most recent
 BUDGET_SECONDS = 15.0
 ROW_COUNTS = (1, 2, 3, 4, 6, 9, 16, 32, 64, 128)  # decode batches, verify spans, prefill blocks
@@ -80,6 +83,9 @@ TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
 # x rounded to int8 with a scale per row moves each product by about twice what bf16's rounding
 # does (tests/test_quantize.py): held to twice its tolerance
 INT8_ACTIVATIONS_TOLERANCE = 2e-2
+# int8 weights prepacked for oneDNN may read a prompt this much slower than `_int_mm` reads plain
+# ones and still be kept, where they win a batch's products: prompts take about as long either way
+PREPACKED_READ_SLACK = 1.05
 WIDEN_BLOCKS = (512, 1024, 2048, 4096)  # int8 rows widened at a time, fp32
 # Forms whose own products no race in the loop over forms decides: bf16 (its products have no
 # field; its races are the int4 copy's and int8 reads', run first), int8 groups (torch's int8
@@ -144,15 +150,14 @@ def model_shapes(model) -> Counter[tuple[str, int, int]]:
     shapes: Counter[tuple[str, int, int]] = Counter()
     for part in model.modules():
         if isinstance(part, Projection):
-            N, K = part.weight.shape
-            int4 = part.scale_and_zero is not None
-            if int4:
+            N, K = part.shape
+            if part.scale_and_zero is not None:
                 form = "int4"
             elif part.scale is not None:
                 form = "int8 groups" if part.scale.dim() == 2 else "int8"
             else:
                 form = str(part.weight.dtype).removeprefix("torch.")
-            shapes[form, N, K * 2 if int4 else K] += 1
+            shapes[form, N, K] += 1
     return shapes
 
 
@@ -171,6 +176,10 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
         return int8_rows(x, projection.weight, projection.scale)
 
     int8_own = {"int8 activations": (dequantized, INT8_ACTIVATIONS_TOLERANCE)}  # an int8 weight's own product, x rounded
+    prepacked_rows = torch.compile(int8_prepacked, dynamic=False) if compiles else int8_prepacked
+
+    def prepacked_product(x: Tensor, projection: Projection) -> Tensor:
+        return prepacked_rows(x, projection.int8_prepacked, projection.int8_prepacked_scale)
 
     def race(label: str, weights: list[tuple[float, int, list[Projection]]], candidates: dict[str, Product], rows: int,
              tolerance: float, own: dict[str, tuple[Callable[[Projection], Tensor], float]] | None = None) -> str | None:
@@ -207,6 +216,23 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
         races.append({"decision": label, "rows": rows, "seconds": totals, "chosen": winner, "bytes": read})
         return winner
 
+    def prepacked_wins(weights: list[tuple[float, int, list[Projection]]], twins: dict[int, Projection]) -> bool | None:
+        """Whether int8 weights prepacked for oneDNN beat plain ones read by `_int_mm`: faster for a
+        batch of the most sequences generating together, and at most `PREPACKED_READ_SLACK` times
+        as slow for a share of a prompt. None: out of time."""
+        packed = {key: prepacked_twin(twin) for key, twin in twins.items()}
+        ways = {"int8 activations": lambda x, p: int8_product(x, twins[id(p)]),
+                "int8 prepacked": lambda x, p: prepacked_product(x, packed[id(p)])}
+        own = {name: (lambda p: dequantized(twins[id(p)]), INT8_ACTIVATIONS_TOLERANCE) for name in ways}
+        seconds = []
+        for rows in (max(BATCH_ROW_COUNTS), READ_ROWS):
+            if race("int8 prepacked", weights, ways, rows, TOLERANCE[dtype], own) is None:
+                return None
+            seconds.append({name: math.inf if s is None else s for name, s in races[-1]["seconds"].items()})
+        batch, prompt = seconds
+        return batch["int8 prepacked"] < batch["int8 activations"] and \
+            prompt["int8 prepacked"] <= PREPACKED_READ_SLACK * prompt["int8 activations"]
+
     held = Counter()  # weights by form: the form that holds most is timed first
     for (form, n, k), count in shapes.items():
         held[form] += n * k * count
@@ -230,22 +256,32 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
             winner = race("int8 reads", weights, candidates, READ_ROWS, TOLERANCE[dtype], own)
             if winner is not None:
                 chosen["int8_activations"] = int(winner == "int8 activations")
+            if winner == "int8 activations" and can_prepack_int8():
+                packed = prepacked_wins(weights, twins)
+                if packed is not None:
+                    chosen["int8_prepacked"] = int(packed)
     if copied and "int8_activations" in chosen:
         # sequences generating together: their int4 copy, or the weights as the reads store them
         own = dict(COPY_OWN)
         if chosen["int8_activations"]:
             twins = int8_twins(copied)
             own["int8 activations"] = (lambda p: dequantized(twins[id(p)]), INT8_ACTIVATIONS_TOLERANCE)
+            packed = {key: prepacked_twin(twin) for key, twin in twins.items()} if chosen.get("int8_prepacked") else None
             rounded: dict[str, tuple] = {}  # x and its rounding, made once per x where a compiled step fuses it
 
             def int8_batch(x: Tensor, p: Projection) -> Tensor:
                 """Compiled, x's rounding is fused into the op that makes x: untimed here. Eagerly it
-                is ops of its own, timed with the product."""
+                is ops of its own, timed with the product. Prepacked where the reads keep them so."""
+                twin = twins[id(p)] if packed is None else packed[id(p)]
+                if not compiles and packed is not None:
+                    return int8_prepacked(x, twin.int8_prepacked, twin.int8_prepacked_scale)
                 if not compiles:
-                    return int8_activations(x, twins[id(p)].weight, twins[id(p)].scale)
+                    return int8_activations(x, twin.weight, twin.scale)
                 if rounded.get("x") is not x:
                     rounded.update(x=x, codes_and_step=rounded_rows(x))
-                return int8_rounded_product(*rounded["codes_and_step"], twins[id(p)].weight, twins[id(p)].scale, x.dtype)
+                if packed is not None:
+                    return int8_prepacked_product(*rounded["codes_and_step"], twin.int8_prepacked, twin.int8_prepacked_scale, x.dtype)
+                return int8_rounded_product(*rounded["codes_and_step"], twin.weight, twin.scale, x.dtype)
 
             def weights_read(rows: int) -> dict[str, Product]:
                 return {"int8 activations": int8_batch}
@@ -331,6 +367,13 @@ def full_precision_candidates(dtype: torch.dtype, compiles: bool) -> dict[str, P
 def int8_twins(weights: list[tuple[float, int, list[Projection]]]) -> dict[int, Projection]:
     """id of each timed projection → its weight as int8 (what quantize="auto" would store)."""
     return {id(p): quantized(copy.deepcopy(p), "int8") for _, _, copies in weights for p in copies}
+
+
+def prepacked_twin(twin: Projection) -> Projection:
+    """An int8 twin (`int8_twins`) held prepacked for oneDNN's int8 kernel."""
+    packed = copy.deepcopy(twin)
+    packed.prepack_int8(keep_rows=False)
+    return packed
 
 
 def int4_copy_product(x: Tensor, projection: Projection) -> Tensor:

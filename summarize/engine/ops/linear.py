@@ -26,6 +26,11 @@ decoded one at a time or verified in a span, so speculative and plain decoding s
 same text. For the same reason, where the copies generate, an int8 weight (a scale per row, as
 `auto` stores one) rounds x to int8 in generating only for a batch past the copy's, never by the
 rows of one product.
+
+Where the policy says so (`int8_prepacked`), such an int8 weight is held prepacked for oneDNN's int8
+kernel instead (`Projection.prepack_int8`): torch's `_int_mm` takes a plain weight and lays it out
+for its kernel at every call, which costs more than the product itself for a few rows. A prepacked
+weight is always read with x rounded to int8, whatever the rows.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ STREAMED_MAX_ROWS = 2
 QUANTIZE_BLOCK_ROWS = 1024  # rows quantized at a time: fp32 temporaries small enough to stay in cache
 INT4_LEVELS = 15  # codes 0..15, read as (code - 8) · scale + zero by torch's kernel
 INT4_GROUP = 64  # input channels per scale and zero (torch's kernel takes 32, 64, 128 or 256)
+INT8_ZERO = 128  # oneDNN's int8 kernel reads x as unsigned codes: an int8 code plus this
 
 
 _generating = 0  # inside `generating_tokens`: the sequences of the batch (0 outside)
@@ -172,6 +178,52 @@ def int8_rounded_product(codes: Tensor, step: Tensor, weight: Tensor, scale: Ten
     """Rows rounded to int8 (`rounded_rows`) times the int8 weight (a scale per row) → [n, N] in `dtype`."""
     sums = torch._int_mm(codes, weight.t())
     return (sums.float() * step * scale.float()).to(dtype)
+
+
+def can_prepack_int8() -> bool:
+    """Whether this torch has oneDNN's int8 kernel for prepacked weights (its x86 builds)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_prepack")
+
+
+def prepacked_int8(weight: Tensor) -> Tensor:
+    """An int8 weight [N, K] laid out once for oneDNN's int8 kernel: an opaque tensor, read only by
+    `int8_prepacked_product`."""
+    return torch.ops.onednn.qlinear_prepack(weight, None)
+
+
+def int8_prepacked(rows: Tensor, prepacked: Tensor, scale: Tensor) -> Tensor:
+    """rows rounded to int8 with a scale per row (as `int8_activations`) times a prepacked int8 weight
+    (`scale` [N] fp32, one per row) → [n, N] in rows' dtype."""
+    return int8_prepacked_product(*rounded_rows(rows), prepacked, scale, rows.dtype)
+
+
+def int8_prepacked_product(codes: Tensor, step: Tensor, prepacked: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+    """Rows rounded to int8 (`rounded_rows`) times a prepacked int8 weight → [n, N] in `dtype`: the
+    same sums as `int8_rounded_product`, each scaled in fp32."""
+    unsigned = (codes.to(torch.int16) + INT8_ZERO).to(torch.uint8)
+    return (torch.ops.summarize.int8_prepacked_mm(unsigned, prepacked, scale) * step).to(dtype)
+
+
+# oneDNN's kernel as an op of our own: inductor lowers `onednn.qlinear_pointwise` only for weights
+# frozen into the graph, where a step's weights are its inputs
+_ops = torch.library.Library("summarize", "FRAGMENT")
+_ops.define("int8_prepacked_mm(Tensor unsigned, Tensor prepacked, Tensor scale) -> Tensor")
+_NO_ZEROS = torch.zeros(1, dtype=torch.int32)  # the weight's zero points: symmetric
+
+
+def _int8_prepacked_mm(unsigned: Tensor, prepacked: Tensor, scale: Tensor) -> Tensor:
+    """uint8 codes [n, K] (x's int8 codes + INT8_ZERO) times the prepacked weight, each output
+    column times its `scale` → fp32 [n, N]."""
+    return torch.ops.onednn.qlinear_pointwise(unsigned, 1.0, INT8_ZERO, prepacked, scale, _NO_ZEROS, None, 1.0, 0,
+                                              torch.float32, "none", [], "")
+
+
+_ops.impl("int8_prepacked_mm", _int8_prepacked_mm, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("summarize::int8_prepacked_mm", lib=_ops)
+def _(unsigned: Tensor, prepacked: Tensor, scale: Tensor) -> Tensor:
+    return unsigned.new_empty(unsigned.shape[0], scale.shape[0], dtype=torch.float32)
 
 
 def int8_dequantized(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
@@ -342,6 +394,8 @@ class Projection(nn.Module):
         self.register_buffer("int4_copy", None)  # a full-precision weight's int4 copy (`add_int4_copy`)
         self.register_buffer("int4_copy_scale_and_zero", None)
         self.int4_copy_group = 0
+        self.register_buffer("int8_prepacked", None)  # an int8 weight prepacked for oneDNN (`prepack_int8`)
+        self.register_buffer("int8_prepacked_scale", None)  # its scale per row, fp32 [N]
         self.dtype = weight.dtype  # what it computes in
         if isinstance(weight, Int4Groups) and not int4_takes(weight.shape, weight.group, weight.codes.device):
             weight = weight.dequantized(weight.dtype)  # a shape or device torch's int4 kernel cannot take
@@ -376,16 +430,29 @@ class Projection(nn.Module):
             return cls(Int8Groups(torch.cat([p.values for p in parts]), torch.cat(scales), dtype))
         return StackedProjections([cls(part) for part in parts])
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The weight's [N, K], whatever form holds it."""
+        if self.int8_prepacked is not None:
+            K, N = self.int8_prepacked.shape
+            return N, K
+        N, K = self.weight.shape
+        return (N, K * 2) if self.scale_and_zero is not None else (N, K)
+
     def forward(self, x: Tensor) -> Tensor:
-        if _generating:  # one form for the batch, whatever the rows of this product (a step, a span)
-            past_copy = _generating > machine.POLICY.int4_copy_max_batch
-            if self.int4_copy is not None and not past_copy:
-                return linear_int4(x, self.int4_copy, self.int4_copy_scale_and_zero, self.int4_copy_group)
-            if self.scale is not None and self.scale.dim() == 1 and machine.POLICY.int4_copy_generates:  # auto's int8, a scale per row
-                if past_copy and machine.POLICY.int8_activations and x.device.type == "cpu":  # as auto reads: x rounded too
-                    rows = x.reshape(-1, x.shape[-1])
-                    return int8_activations(rows, self.weight, self.scale).reshape(*x.shape[:-1], self.weight.shape[0])
-                return linear_int8(x, self.weight, self.scale, round_x=False)
+        # generating: one form for the batch, whatever the rows of this product (a step, a span)
+        past_copy = _generating > machine.POLICY.int4_copy_max_batch
+        if _generating and self.int4_copy is not None and not past_copy:
+            return linear_int4(x, self.int4_copy, self.int4_copy_scale_and_zero, self.int4_copy_group)
+        if self.int8_prepacked is not None:  # whatever the rows: x rounded to int8
+            rows = x.reshape(-1, x.shape[-1])
+            return int8_prepacked(rows, self.int8_prepacked, self.int8_prepacked_scale).reshape(*x.shape[:-1], -1)
+        auto_int8 = self.scale is not None and self.scale.dim() == 1  # as auto stores: a scale per row
+        if _generating and auto_int8 and machine.POLICY.int4_copy_generates:
+            if past_copy and machine.POLICY.int8_activations and x.device.type == "cpu":  # as auto reads: x rounded too
+                rows = x.reshape(-1, x.shape[-1])
+                return int8_activations(rows, self.weight, self.scale).reshape(*x.shape[:-1], self.weight.shape[0])
+            return linear_int8(x, self.weight, self.scale, round_x=False)
         if self.scale_and_zero is not None:
             return linear_int4(x, self.weight, self.scale_and_zero, self.group)
         if self.scale is None:
@@ -440,6 +507,18 @@ class Projection(nn.Module):
             return False
         self.weight, self.scale_and_zero = int4_packed(self.weight, group)
         self.group = group
+        return True
+
+    def prepack_int8(self, keep_rows: bool) -> bool:
+        """Hold an int8 weight (a scale per row) prepacked for oneDNN's int8 kernel, read with x
+        rounded to int8 (`int8_prepacked`); the plain weight stays only with `keep_rows` (a table
+        also read by row: a prepacked weight has no rows). False where there is none: another
+        form, or no such kernel here."""
+        if self.scale is None or self.scale.dim() != 1 or self.weight.device.type != "cpu" or not can_prepack_int8():
+            return False
+        self.int8_prepacked, self.int8_prepacked_scale = prepacked_int8(self.weight), self.scale.float()
+        if not keep_rows:
+            self.weight = None
         return True
 
     def add_int4_copy(self, group: int = INT4_GROUP) -> bool:
