@@ -303,7 +303,8 @@ def auto_forms(model, copy: bool, int8: bool) -> None:
     that memory grows by one projection at most: with `copy`, an int4 copy to generate tokens with
     (`Projection.add_int4_copy`; not for a table read only by row), made from the weight before
     `int8` stores it as int8 for reading (`linear.int8_activations`), prepacked where the policy says
-    so (`Projection.prepack_int8`; a head also read by row keeps its plain rows beside). Copies that would take more
+    so and a copy generates (`Projection.prepack_int8`; a head also read by row keeps its plain
+    rows beside). Copies that would take more
     than half the available memory, net of what int8 frees, are not made (said in
     `model.load_notes`). Sets `model.int4_copy_bytes` and `model.reads_int8`."""
     lookups = {id(table) for table in model.lookup_tables()}  # read by row: a copy would never be read
@@ -324,7 +325,7 @@ def auto_forms(model, copy: bool, int8: bool) -> None:
             projection.add_int4_copy()
         if int8:
             projection.quantize_int8()
-        if prepack and id(projection) not in lookups:  # a table read only by row stays plain
+        if prepack and needed and id(projection) in copied:  # without a copy, one row reads torch's int8 kernel
             projection.prepack_int8(keep_rows=id(projection) in read_by_row)
     model.int4_copy_bytes, model.reads_int8 = needed, int8
     release_free_memory()  # the replaced weights, and the packing's temporaries
