@@ -17,6 +17,8 @@ prefill's share of rows through the weight races the same rows through the weigh
 with x rounded to int8 too: where that wins, quantize="auto" stores it so (`int8_activations`).
 Then a batch of sequences generating together (2 to 8 rows) races the copy against the weights as
 those reads store them: batches past the last the copy wins read the weights (`int4_copy_max_batch`).
+Where int8 reads won, before that, int8 weights prepacked for oneDNN's kernel race plain ones read by
+`torch._int_mm` at a batch's rows and a prompt's (`int8_prepacked`).
 `SUMMARIZE_CALIBRATE=0` keeps the portable default whole. How it works: docs/kernel-policy.md.
 """
 

@@ -27,8 +27,8 @@ same text. For the same reason, where the copies generate, an int8 weight (a sca
 `auto` stores one) rounds x to int8 in generating only for a batch past the copy's, never by the
 rows of one product.
 
-Where the policy says so (`int8_prepacked`), such an int8 weight is held prepacked for oneDNN's int8
-kernel instead (`Projection.prepack_int8`): torch's `_int_mm` takes a plain weight and lays it out
+Where the policy says so (`int8_prepacked`), such an int8 weight that has an int4 copy is held
+prepacked for oneDNN's int8 kernel instead (`Projection.prepack_int8`): torch's `_int_mm` takes a plain weight and lays it out
 for its kernel at every call, which costs more than the product itself for a few rows. A prepacked
 weight is always read with x rounded to int8, whatever the rows.
 """

@@ -36,8 +36,9 @@ class CpuPolicy:
     # rounds x to int8 too, a scale per row, and multiplies in int8 (`linear.int8_activations`); and
     # quantize="auto" stores a full-precision model's weights so. 0: it widens or dequantizes the weight
     int8_activations: int
-    # 1: those int8 weights (where `int8_activations` stores them) are held prepacked for oneDNN's
-    # int8 kernel (`Projection.prepack_int8`), every product then rounding x; 0: plain, for `_int_mm`
+    # 1: those int8 weights (where `int8_activations` stores them) that have an int4 copy are held
+    # prepacked for oneDNN's int8 kernel (`Projection.prepack_int8`), every product then rounding x;
+    # 0: plain, for `_int_mm`
     int8_prepacked: int
     int4_kernel_max_rows: int  # up to this many rows torch's int4 kernel; more: dequantize, then GEMM
     int4_block_rows: int | None  # rows per block of torch's int4 packing here (None: no int4)
