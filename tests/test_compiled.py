@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-from summarize.engine import State, compiled, load_model
+from summarize.engine import State, compiled, compiled_store, load_model
 from tiny_models import dense_reference, moe_reference, save_checkpoint
 
 REL_TOL = 1e-4
@@ -31,6 +31,15 @@ def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     return save_checkpoint(dense_reference(), tmp_path_factory.mktemp("dense"))
+
+
+@pytest.fixture
+def fresh_store(monkeypatch, tmp_path):
+    """Models loaded in the test keep their captured graphs in an empty folder of their own: none
+    is loaded from what earlier tests (or runs) captured."""
+    store = compiled_store.StepStore(tmp_path / "steps")
+    monkeypatch.setattr(compiled, "default_store", lambda: store)
+    return store
 
 
 def compiled_from_the_start(model):
@@ -120,7 +129,7 @@ def test_steps_are_compiled_when_first_used_and_short_reads_do_not_compile_prefi
     assert set(model.compiled.seconds) == {"prefill", "decode B=2", "decode B=1"}
 
 
-def test_each_graph_is_traced_once(folder):
+def test_each_graph_is_traced_once(folder, fresh_store):
     """A layer's float constants (norm epsilons, scales) are taken as they are: no graph is traced,
     handed to the compiler and then traced again, which would cost every process a trace and a
     cache miss."""
@@ -137,7 +146,7 @@ def test_each_graph_is_traced_once(folder):
     assert started > 0 and counters["aot_autograd"]["ok"] - before.get("ok", 0) == started
 
 
-def test_no_compiled_step_breaks_its_graph(folder):
+def test_no_compiled_step_breaks_its_graph(folder, fresh_store):
     """An attention layer reads its KV cache eagerly between two graphs of its own: a graph broken
     inside one compiled call would have dynamo trace every frame around the break twice, in every
     process."""
@@ -244,7 +253,7 @@ def test_compiled_batch_of_stacked_states_equals_eager(models, lengths):
         assert_close(got, want)
 
 
-def test_a_compiler_failure_leaves_the_model_eager(folder, monkeypatch, capsys):
+def test_a_compiler_failure_leaves_the_model_eager(folder, monkeypatch, capsys, fresh_store):
     """Without a working compiler every step falls back at its first use, said once on stderr,
     and computes what the eager model does."""
     def broken_compile(fn, **_):

@@ -27,13 +27,13 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from types import FunctionType
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
+from summarize.engine.compiled_store import StepStore, StoredGraph, call, default_store, own_call
 from summarize.engine.model import Steps
 from summarize.engine.ops import machine
 from summarize.errors import first_line
@@ -61,10 +61,6 @@ EAGER_VERIFIES = 8
 VERIFY_MIN_TOKENS = 3
 
 
-def _call(fn, *args):
-    return fn(*args)
-
-
 def _head(model, hidden: Tensor) -> Tensor:
     return model.logits(hidden)
 
@@ -80,12 +76,14 @@ class Graphs(NamedTuple):
     after: Callable
 
 
-EAGER = Graphs(_call, _call, _call)
+EAGER = Graphs(call, call, call)
 
 
-def _graphs(dynamic: bool) -> Graphs:
-    own = (FunctionType(_call.__code__.replace(), _call.__globals__, _call.__name__) for _ in Graphs._fields)
-    return Graphs(*(torch.compile(fn, dynamic=dynamic) for fn in own))
+def _graphs(step: str, dynamic: bool, store: StepStore | None) -> Graphs:
+    """A kind of step's graphs: kept in `store` (`compiled_store`), else traced in every process."""
+    if store is not None:
+        return Graphs(*(StoredGraph(store, f"{step} {role}", dynamic) for role in Graphs._fields))
+    return Graphs(*(torch.compile(own_call(), dynamic=dynamic) for _ in Graphs._fields))
 
 
 def _run(graphs: Graphs, layer, x: Tensor, layer_state, context, with_stats: bool):
@@ -102,7 +100,7 @@ class CompiledSteps(Steps):
     """A model's layers and head through torch.compile: one graph per layer kind for decode
     (T = 1, per batch size), one with dynamic shapes for prefill, one for verifying drafts."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: StepStore | None = None) -> None:
         self.seconds: dict[str, float] = {}  # what compiling took, by step ("prefill", "decode B=8")
         # Told what is being compiled while it is (a str), then that it is done (None).
         self.announce: Callable[[str | None], None] | None = None
@@ -111,9 +109,9 @@ class CompiledSteps(Steps):
         self.prefill_ready = False  # whether prefill runs through its graphs (or they failed: eager)
         self.verified: dict[int, int] = {}  # batch size -> verify passes run
         self.said_eager = False
-        self.decode_graphs = _graphs(dynamic=False)
-        self.prefill_graphs = _graphs(dynamic=True)
-        self.verify_graphs = _graphs(dynamic=True)
+        self.decode_graphs = _graphs("decode", dynamic=False, store=store)
+        self.prefill_graphs = _graphs("prefill", dynamic=True, store=store)
+        self.verify_graphs = _graphs("verify", dynamic=True, store=store)
         self.head_step = torch.compile(_head, dynamic=False)
 
     def layer(self, layer, x: Tensor, layer_state, context, with_stats: bool):
@@ -233,7 +231,7 @@ def compile_steps(model, announce: Callable[[str | None], None] | None = None) -
     torch._dynamo.config.specialize_float = True
     keep_kernels_across_reboots()
     trust_the_cpus_vector_flags()
-    steps = CompiledSteps()
+    steps = CompiledSteps(default_store())
     steps.announce = announce
     model.steps = model.compiled = steps
 

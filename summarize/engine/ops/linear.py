@@ -396,7 +396,9 @@ class Projection(nn.Module):
         self.int4_copy_group = 0
         self.register_buffer("int8_prepacked", None)  # an int8 weight prepacked for oneDNN (`prepack_int8`)
         self.register_buffer("int8_prepacked_scale", None)  # its scale per row, fp32 [N]
-        self.dtype = weight.dtype  # what it computes in
+        # what it computes in, kept by name: a dtype held by a module is the one object every
+        # tensor of that dtype names, and torch's saved graphs (`compiled_store`) lose it then
+        self.dtype_name = str(weight.dtype).removeprefix("torch.")
         if isinstance(weight, Int4Groups) and not int4_takes(weight.shape, weight.group, weight.codes.device):
             weight = weight.dequantized(weight.dtype)  # a shape or device torch's int4 kernel cannot take
         if isinstance(weight, Int4Groups):
@@ -429,6 +431,10 @@ class Projection(nn.Module):
             scales = [p.scale.to(scale_dtype).repeat_interleave(p.group // group, dim=1) for p in parts]
             return cls(Int8Groups(torch.cat([p.values for p in parts]), torch.cat(scales), dtype))
         return StackedProjections([cls(part) for part in parts])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype_name)
 
     @property
     def shape(self) -> tuple[int, int]:
