@@ -15,9 +15,10 @@ compiled at load: the prefill graphs are built when the model first reads a full
 saves. The graphs that verify drafted tokens (dynamic shapes, recording what lands each prefix)
 are built at a batch size's `EAGER_VERIFIES + 1`-th verify pass: where drafts do not pay, the
 planner stops after a probe or two, and nothing is compiled for them.
-`announce` hears of each compile while it runs. Inductor caches what it built on disk
-(`~/.cache/summarize/torchinductor`, or under `XDG_CACHE_HOME`; `TORCHINDUCTOR_CACHE_DIR` wins),
-so later processes start faster. If compiling a step fails (tried on a scratch state at its first
+`announce` hears of each compile while it runs. The layer graphs are kept on disk whole
+(`compiled_store`), so a later process loads them rather than tracing them again; inductor caches
+its kernels there too (`~/.cache/summarize/torchinductor`, or under `XDG_CACHE_HOME`;
+`TORCHINDUCTOR_CACHE_DIR` wins). If compiling a step fails (tried on a scratch state at its first
 use), that step runs eagerly from there and says so on stderr, once. Figures: docs/performance.md.
 """
 
@@ -112,7 +113,7 @@ class CompiledSteps(Steps):
         self.decode_graphs = _graphs("decode", dynamic=False, store=store)
         self.prefill_graphs = _graphs("prefill", dynamic=True, store=store)
         self.verify_graphs = _graphs("verify", dynamic=True, store=store)
-        self.head_step = torch.compile(_head, dynamic=False)
+        self.head_step = StoredGraph(store, "head", dynamic=False) if store is not None else torch.compile(own_call(), dynamic=False)
 
     def layer(self, layer, x: Tensor, layer_state, context, with_stats: bool):
         verifying = x.shape[1] > 1 and layer_state.drafting
@@ -143,13 +144,13 @@ class CompiledSteps(Steps):
         self._first_use("prefill", "compiling the prefill step", {"prefill_graphs": EAGER}, on_scratch)
 
     def head(self, model, hidden: Tensor) -> Tensor:
-        return self.head_step(model, hidden)
+        return self.head_step(_head, model, hidden)
 
     def decode(self, model, token_ids: Tensor, state, with_stats: bool):
         rows = token_ids.shape[0]
         step = f"decode B={rows}" + (" with diagnostics" if with_stats else "")
         if step not in self.seconds:
-            self._first_use(step, f"compiling the decode step for {_rows(rows)}", {"decode_graphs": EAGER, "head_step": _head},
+            self._first_use(step, f"compiling the decode step for {_rows(rows)}", {"decode_graphs": EAGER, "head_step": call},
                             lambda: super(CompiledSteps, self).decode(model, token_ids, model.new_state(rows), with_stats))
         return super().decode(model, token_ids, state, with_stats)
 

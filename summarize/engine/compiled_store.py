@@ -175,12 +175,13 @@ class StoredGraph:
         return self._traced
 
     def variant(self, fn: Callable, args: tuple) -> tuple:
-        module = getattr(fn, "__self__", fn)  # a layer, or the layer of a bound method
+        # a layer; the layer of a bound method; or a function's first argument (the model for the head)
+        module = fn if isinstance(fn, nn.Module) else getattr(fn, "__self__", args[0])
         method = getattr(fn, "__name__", "forward")
-        x = args[0]
+        x = next(a for a in args if isinstance(a, torch.Tensor))
         shape = (x.shape[0], x.is_contiguous()) if self.dynamic else (*x.shape, x.is_contiguous())
         flags = tuple(a for a in args if isinstance(a, bool))
-        return type(module).__qualname__, method, self.forms(module), shape, str(x.dtype), flags, linear._generating
+        return type(module).__qualname__, method, self.forms(module), shape, str(x.dtype), flags, linear.generating_batch()
 
     def forms(self, module: nn.Module) -> tuple:
         """Its tensors' names, dtypes, shapes and layouts: what tells layers of one class apart."""

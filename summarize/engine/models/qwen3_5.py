@@ -499,7 +499,6 @@ class Qwen35Model(RecurrentModel):
             return quantized(module, quantize)
 
         self.embed_tokens = built(Projection(take("embed_tokens.weight")))
-        self.compute_dtype = self.embed_tokens.dtype
         self.layers = nn.ModuleList(
             built(DecoderLayer(cfg, take, f"layers.{i}.", kind, fused_experts)) for i, kind in enumerate(cfg.layer_types)
         )
@@ -511,7 +510,7 @@ class Qwen35Model(RecurrentModel):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.compute_dtype
+        return self.embed_tokens.dtype  # a property: a dtype held by a module is lost in saved graphs
 
     def lookup_tables(self) -> list[nn.Module]:
         return [] if self.lm_head is self.embed_tokens else [self.embed_tokens]

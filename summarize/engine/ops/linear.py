@@ -76,6 +76,11 @@ def generating_tokens(batch: int) -> Iterator[None]:
         _generating = before
 
 
+def generating_batch() -> int:
+    """The batch `generating_tokens` was entered with (0 outside it)."""
+    return _generating
+
+
 def linear(x: Tensor, weight: Tensor) -> Tensor:
     """x [..., K] times weight [N, K] transposed → [..., N] in x's dtype, accumulated in fp32."""
     rows = x.numel() // x.shape[-1]
