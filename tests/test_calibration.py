@@ -356,6 +356,40 @@ def test_a_table_for_another_machine_is_ignored(folder, cache, monkeypatch, othe
     assert len(json.loads(calibration.table_path().read_text())["tables"]) == 2  # the other machine's kept
 
 
+def test_a_calibration_cut_short_is_taken_again_at_the_next_loads(folder, cache, monkeypatch):
+    """A first run's compiles (an empty inductor cache) can take the whole budget: the table says
+    it was cut short, and the next load times again; one that completes is then kept."""
+    def stored() -> dict:
+        [table] = json.loads(calibration.table_path().read_text())["tables"].values()
+        return table
+
+    with monkeypatch.context() as first_run:
+        first_run.setattr(calibration, "taking_turns", lambda rows, candidates, deadline: None)  # past the deadline
+        load_model(folder, device="cpu", dtype=torch.float32, compile=False)
+    won = (4, 16)  # the fake timer's
+    assert not stored()["complete"] and stored()["attempts"] == 1
+    assert (machine.POLICY.weight_first_min_rows, machine.POLICY.weight_first_max_rows) != won
+    load_model(folder, device="cpu", dtype=torch.float32, compile=False)
+    assert stored()["complete"] and stored()["attempts"] == 2
+    assert (machine.POLICY.weight_first_min_rows, machine.POLICY.weight_first_max_rows) == won
+    calls = len(cache.calls)
+    load_model(folder, device="cpu", dtype=torch.float32, compile=False)
+    assert len(cache.calls) == calls
+
+
+def test_a_calibration_cut_short_every_time_is_tried_three_times_in_all(folder, cache, monkeypatch):
+    tries = []
+    monkeypatch.setattr(calibration, "taking_turns", lambda rows, candidates, deadline: tries.append(rows))
+    timed = []  # per load: whether it timed anything
+    for _ in range(calibration.ATTEMPTS + 2):
+        before = len(tries)
+        load_model(folder, device="cpu", dtype=torch.float32, compile=False)
+        timed.append(len(tries) > before)
+    assert timed == [True] * calibration.ATTEMPTS + [False, False]
+    [table] = json.loads(calibration.table_path().read_text())["tables"].values()
+    assert table["attempts"] == calibration.ATTEMPTS and not table["complete"]
+
+
 def test_calibrate_0_keeps_the_portable_default(folder, cache, monkeypatch):
     monkeypatch.setenv(calibration.ENV, "0")
     before = machine.POLICY

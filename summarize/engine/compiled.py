@@ -15,7 +15,7 @@ compiled at load: the prefill graphs are built when the model first reads a full
 saves. The graphs that verify drafted tokens (dynamic shapes, recording what lands each prefix)
 are built at a batch size's `EAGER_VERIFIES + 1`-th verify pass: where drafts do not pay, the
 planner stops after a probe or two, and nothing is compiled for them.
-`announce` hears of each compile while it runs. The layer graphs are kept on disk whole
+`announce` hears of each compile while it runs. Every graph (the layers' and the head's) is kept on disk whole
 (`compiled_store`), so a later process loads them rather than tracing them again; inductor caches
 its kernels there too (`~/.cache/summarize/torchinductor`, or under `XDG_CACHE_HOME`;
 `TORCHINDUCTOR_CACHE_DIR` wins). If compiling a step fails (tried on a scratch state at its first

@@ -1,15 +1,16 @@
-"""Compiled layer graphs kept on disk, so that a later process loads them rather than tracing them.
+"""Compiled step graphs kept on disk, so that a later process loads them rather than tracing them.
 
 torch.compile traces every graph again in each process (dynamo's Python tracing: seconds a job),
 even where inductor's kernels come from its cache. `torch.compile(...).aot_compile()` (torch
 2.13, experimental) captures a graph once, guards included, and saves it whole; a later process
-loads it in milliseconds. `StoredGraph` stands where `torch.compile(fn)` stood in `compiled.Graphs`
-and keeps one captured graph per variant of a call: the layer's class and method, its weights'
-forms, its rows (and x's whole shape for a static graph), its flags and the batch generating. A
-file's name hashes that with what a graph is built from beyond its inputs: torch's version, the
-engine's source, the machine policy and the CPU. A graph that cannot be captured, saved or loaded,
-or whose guards refuse a call, runs through `torch.compile` as before: never a wrong graph, at
-worst a trace. The folder keeps only the files of this torch and this source.
+loads it in milliseconds. `StoredGraph` stands where `torch.compile(call)` stood (`compiled.Graphs`
+and the head) and keeps captured graphs per variant of a call: the layer's class and method, its
+weights' forms, its rows (and x's whole shape for a static graph), its flags and the batch
+generating. A file's name hashes that with what a graph is built from beyond its inputs: torch's
+version, the engine's source, the machine policy and the CPU. A graph whose guards refuse a call
+leaves it to the variant's next graph (a dynamic graph holds for a range of lengths); where a graph
+cannot be captured, or past `MAX_CAPTURED` of them, torch.compile traces as before: never a wrong
+graph, at worst a trace. The folder keeps only the files of this torch and this source.
 """
 
 from __future__ import annotations

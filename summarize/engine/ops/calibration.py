@@ -67,6 +67,9 @@ TABLE_NAME = "kernel-policy.json"  # in the user cache folder, beside torchinduc
 TABLE_FORMAT = 4  # 4: int8 weights prepacked for oneDNN raced (tables of 3 are timed again)
 TABLES_KEPT = 16  # machine × model entries in the file, the most recent
 BUDGET_SECONDS = 15.0
+# A calibration cut short by its budget is taken again at the next loads, this many times in all:
+# a first run's compiles (an empty inductor cache) can take the whole budget, a later run's are read
+ATTEMPTS = 3
 ROW_COUNTS = (1, 2, 3, 4, 6, 9, 16, 32, 64, 128)  # decode batches, verify spans, prefill blocks
 STREAMED_ROW_COUNTS = (1, 2, 3, 4, 6, 9, 12, 16)  # a compiled step's decode batches and verify spans
 PREFILL_ROWS = 64  # the row count a prefill-only choice is timed at
@@ -110,6 +113,7 @@ class Table:
     races: list[dict]
     seconds: float  # what it took
     complete: bool  # False: out of time, the rest kept the portable default
+    attempts: int = 1  # calibrations of this key so far (one cut short is taken again, `ATTEMPTS`)
 
 
 LAST: Table | None = None  # the table this process installed last (bench_engine prints it)
@@ -119,14 +123,16 @@ def calibrate_model(model, dtype: torch.dtype, announce: Callable[[str | None], 
                     compiles: bool = False) -> None:
     """Install the policy calibrated for `model`'s projections in `dtype` on this machine: from the
     table if it has this machine's and shapes' entry, else timed now and added to it. `compiles`:
-    the model's steps will be compiled (the compiled streamed loop is raced too)."""
+    the model's steps will be compiled (the compiled streamed loop is raced too). A table cut short
+    by the budget is timed again at the next loads, `ATTEMPTS` times in all."""
     global LAST
     if os.environ.get(ENV, "").strip() == "0":
         return
     shapes = model_shapes(model)
     key = table_key(shapes, dtype, compiles)
     table = read_table(key)
-    if table is None:
+    if table is None or (not table.complete and table.attempts < ATTEMPTS):
+        attempts = 1 if table is None else table.attempts + 1
         # a model of untimed forms times nothing: nothing to announce
         announcing = announce is not None and any(form in FULL_PRECISION or form not in UNTIMED for form, _, _ in shapes)
         if announcing:
@@ -136,6 +142,7 @@ def calibrate_model(model, dtype: torch.dtype, announce: Callable[[str | None], 
         finally:
             if announcing:
                 announce(None)
+        table.attempts = attempts
         save_table(key, table)
         # said here only where no UI hears it: the UI's note says it with its seconds
         if not announcing and (table.races or not table.complete):
@@ -514,6 +521,8 @@ def read_table(key: str) -> Table | None:
     if not isinstance(values, dict) or not all(k in CALIBRATED and type(v) is int and v >= 0 for k, v in values.items()):
         return None
     if values.get("widen_block_rows", 1) == 0:  # a step of a loop
+        return None
+    if type(table.complete) is not bool or type(table.attempts) is not int:
         return None
     return table
 
