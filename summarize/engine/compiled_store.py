@@ -142,7 +142,7 @@ class StoredGraph:
         self.store, self.role, self.dynamic = store, role, dynamic
         self.graphs: dict[tuple, list[Callable]] = {}  # a variant's graphs, tried in turn
         self._traced: Callable | None = None
-        self._forms: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
+        self._forms: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
 
     def __call__(self, fn: Callable, *args):
         key = self.variant(fn, args)
@@ -184,12 +184,12 @@ class StoredGraph:
         flags = tuple(a for a in args if isinstance(a, bool))
         return type(module).__qualname__, method, self.forms(module), shape, str(x.dtype), flags, linear.generating_batch()
 
-    def forms(self, module: nn.Module) -> tuple:
-        """Its tensors' names, dtypes, shapes and layouts: what tells layers of one class apart."""
+    def forms(self, module: nn.Module) -> str:
+        """A digest of its tensors' names, dtypes, shapes and layouts: what tells layers of one class
+        apart. Made once per module: the key is built at every call."""
         forms = self._forms.get(module)
         if forms is None:
-            forms = self._forms[module] = tuple(
-                (name, str(t.dtype), tuple(t.shape), t.is_mkldnn)
-                for name, t in [*module.named_parameters(), *module.named_buffers()]
-            )
+            tensors = [*module.named_parameters(), *module.named_buffers()]
+            listed = repr([(name, str(t.dtype), tuple(t.shape), t.is_mkldnn) for name, t in tensors])
+            forms = self._forms[module] = hashlib.sha256(listed.encode()).hexdigest()[:16]
         return forms
