@@ -390,6 +390,50 @@ def test_a_calibration_cut_short_every_time_is_tried_three_times_in_all(folder, 
     assert table["attempts"] == calibration.ATTEMPTS and not table["complete"]
 
 
+def test_without_a_working_compiler_the_model_loads_and_eager_kernels_are_timed(folder, cache, monkeypatch):
+    """A machine without a C++ compiler: the calibration's compiled candidates cannot be built, so it
+    times the eager ones (the steps then run eagerly, each saying so at its first use), and keeps
+    that table for eager steps; the model loads."""
+    def broken_compile(fn, **_):
+        def fail(*args, **kwargs):
+            raise RuntimeError("no C++ compiler found")
+
+        return fail
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    model = load_model(folder, device="cpu", dtype=torch.float32, compile=True)
+    assert cache.calls
+    tables = json.loads(calibration.table_path().read_text())["tables"]
+    assert list(tables) == [calibration.table_key(calibration.model_shapes(model), torch.float32, compiles=False)]
+    [table] = tables.values()
+    assert not any("compiled" in race["decision"] or any("compiled" in name for name in race["seconds"]) for race in table["races"])
+
+
+def test_the_compiler_is_built_before_the_first_candidate_is_timed(folder, cache, monkeypatch):
+    """The compiler's own first build on a machine (seconds) comes before the calibration's budget
+    starts, not inside it."""
+    events = []
+    monkeypatch.setattr(calibration, "compiler_works", lambda announce=None: events.append("compiler") or True)
+    monkeypatch.setattr(calibration, "calibrate", lambda *args, **kwargs: events.append("timing") or calibration.Table({}, [], 0.0, True))
+    load_model(folder, device="cpu", dtype=torch.float32, compile=True)
+    assert events == ["compiler", "timing"]
+    load_model(folder, device="cpu", dtype=torch.float32, compile=True)  # the table kept: neither again
+    assert events == ["compiler", "timing"]
+
+
+def test_the_compiler_check_says_whether_torch_compile_builds_here(monkeypatch):
+    assert calibration.compiler_works()
+
+    def broken_compile(fn, **_):
+        def fail(*args, **kwargs):
+            raise RuntimeError("no C++ compiler found")
+
+        return fail
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    assert not calibration.compiler_works()
+
+
 def test_calibrate_0_keeps_the_portable_default(folder, cache, monkeypatch):
     monkeypatch.setenv(calibration.ENV, "0")
     before = machine.POLICY

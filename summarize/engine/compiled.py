@@ -224,6 +224,16 @@ def wanted(model, device: torch.device, weight_bytes: int) -> bool:
 def compile_steps(model, announce: Callable[[str | None], None] | None = None) -> None:
     """Run `model`'s steps compiled from now on; each is built at its first use (see the module
     docstring). `announce`: `CompiledSteps.announce`."""
+    prepare_compiler()
+    steps = CompiledSteps(default_store())
+    steps.announce = announce
+    model.steps = model.compiled = steps
+
+
+def prepare_compiler() -> None:
+    """Set torch.compile up as the engine's steps need it, before anything is compiled in this
+    process (the calibration's compiled candidates too): inductor's kernels kept in the user's
+    cache folder, the CPU's vector flags trusted."""
     # One compiled function serves every layer of a kind; variants: kind × batch size ×
     # diagnostics on/off × stacked rows. The default limit (8) would be reached.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
@@ -232,9 +242,6 @@ def compile_steps(model, announce: Callable[[str | None], None] | None = None) -
     torch._dynamo.config.specialize_float = True
     keep_kernels_across_reboots()
     trust_the_cpus_vector_flags()
-    steps = CompiledSteps(default_store())
-    steps.announce = announce
-    model.steps = model.compiled = steps
 
 
 def trust_the_cpus_vector_flags() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from summarize.engine.compiled import compile_steps, wanted
+from summarize.engine.compiled import compile_steps, prepare_compiler, wanted
 from summarize.engine.memory import available_bytes, bound_kernel_caches, release_free_memory
 from summarize.engine.models.family import Family
 from summarize.engine.models.registry import (
@@ -289,6 +289,8 @@ def load_model(
     release_free_memory()  # what loading (and quantizing) freed goes back to the OS
     weight_bytes = sum(b.nbytes for b in model.buffers())
     compiles = compile if compile is not None else wanted(model, device, weight_bytes)
+    if compiles:
+        prepare_compiler()  # before the calibration compiles its candidates, as the steps will be
     if device.type == "cpu":
         calibrate_model(model, dtype, announce, compiles)  # before any step is compiled: the graphs follow the policy
         if copies:

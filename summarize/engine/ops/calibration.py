@@ -131,12 +131,18 @@ def calibrate_model(model, dtype: torch.dtype, announce: Callable[[str | None], 
     shapes = model_shapes(model)
     key = table_key(shapes, dtype, compiles)
     table = read_table(key)
-    if table is None or (not table.complete and table.attempts < ATTEMPTS):
+    # a model of untimed forms times nothing: nothing to announce
+    announcing = announce is not None and any(form in FULL_PRECISION or form not in UNTIMED for form, _, _ in shapes)
+    if _due(table) and compiles and not compiler_works(announce if announcing else None):
+        # no working compiler: the steps will run eagerly (each says so at its first use), timed so
+        compiles = False
+        key = table_key(shapes, dtype, compiles)
+        table = read_table(key)
+    if _due(table):
         attempts = 1 if table is None else table.attempts + 1
-        # a model of untimed forms times nothing: nothing to announce
-        announcing = announce is not None and any(form in FULL_PRECISION or form not in UNTIMED for form, _, _ in shapes)
+        when = "once per machine" if attempts == 1 else f"again, cut short before: try {attempts} of {ATTEMPTS}"
         if announcing:
-            announce(f"timing this CPU's kernels for the model (once per machine; {ENV}=0 skips it)")
+            announce(f"timing this CPU's kernels for the model ({when}; {ENV}=0 skips it)")
         try:
             table = calibrate(shapes, dtype, compiles=compiles)
         finally:
@@ -146,10 +152,37 @@ def calibrate_model(model, dtype: torch.dtype, announce: Callable[[str | None], 
         save_table(key, table)
         # said here only where no UI hears it: the UI's note says it with its seconds
         if not announcing and (table.races or not table.complete):
-            print(f"summarize: timed this CPU's kernels for this model in {table.seconds:.1f} s (once per machine, "
+            print(f"summarize: timed this CPU's kernels for this model in {table.seconds:.1f} s ({when}, "
                   f"at most {BUDGET_SECONDS:.0f} s; {ENV}=0 skips it)", file=sys.stderr)
     machine.POLICY = replace(machine.POLICY, **table.fields)
     LAST = table
+
+
+def _due(table: Table | None) -> bool:
+    """Whether a calibration is to be run for this table: none yet, or one cut short and tried
+    fewer than `ATTEMPTS` times."""
+    return table is None or (not table.complete and table.attempts < ATTEMPTS)
+
+
+def compiler_works(announce: Callable[[str | None], None] | None = None) -> bool:
+    """Whether torch.compile builds and runs a small function here. Its first build on a machine
+    (the compiler's precompiled header, an empty kernel cache) takes seconds that the steps' first
+    compile would pay otherwise: paid here, before the calibration's budget starts, so that its
+    compiled candidates are timed within it. False where no C++ compiler works."""
+    if announce is not None:
+        announce("preparing the compiler")
+    try:
+        torch.compile(_doubled_sums, dynamic=False)(torch.ones(4, 16))
+        return True
+    except Exception:  # any failure of the compiler: the calibration times eager candidates only
+        return False
+    finally:
+        if announce is not None:
+            announce(None)
+
+
+def _doubled_sums(x: Tensor) -> Tensor:
+    return (x * 2).sum(-1)
 
 
 def model_shapes(model) -> Counter[tuple[str, int, int]]:
