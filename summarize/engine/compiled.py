@@ -19,7 +19,8 @@ planner stops after a probe or two, and nothing is compiled for them.
 (`compiled_store`), so a later process loads them rather than tracing them again; inductor caches
 its kernels there too (`~/.cache/summarize/torchinductor`, or under `XDG_CACHE_HOME`;
 `TORCHINDUCTOR_CACHE_DIR` wins). If compiling a step fails (tried on a scratch state at its first
-use), that step runs eagerly from there and says so on stderr, once. Figures: docs/performance.md.
+use), that step runs eagerly from there and says so on stderr, once; where the calibration found no
+working compiler at the load, no step is compiled. Figures: docs/performance.md.
 """
 
 from __future__ import annotations

@@ -292,7 +292,8 @@ def load_model(
     if compiles:
         prepare_compiler()  # before the calibration compiles its candidates, as the steps will be
     if device.type == "cpu":
-        calibrate_model(model, dtype, announce, compiles)  # before any step is compiled: the graphs follow the policy
+        # before any step is compiled: the graphs follow the policy; without a working compiler, none is
+        compiles = calibrate_model(model, dtype, announce, compiles)
         if copies:
             auto_forms(model, copy=bool(machine.POLICY.int4_copy_generates), int8=bool(machine.POLICY.int8_activations))
     if compiles:

@@ -60,6 +60,7 @@ from summarize.engine.ops.linear import (
     streamed,
     weight_first,
 )
+from summarize.errors import first_line
 from summarize.files import user_cache_folder, write_atomic
 
 ENV = "SUMMARIZE_CALIBRATE"  # "0": the portable default policy, nothing timed
@@ -120,21 +121,24 @@ LAST: Table | None = None  # the table this process installed last (bench_engine
 
 
 def calibrate_model(model, dtype: torch.dtype, announce: Callable[[str | None], None] | None = None,
-                    compiles: bool = False) -> None:
+                    compiles: bool = False) -> bool:
     """Install the policy calibrated for `model`'s projections in `dtype` on this machine: from the
     table if it has this machine's and shapes' entry, else timed now and added to it. `compiles`:
     the model's steps will be compiled (the compiled streamed loop is raced too). A table cut short
-    by the budget is timed again at the next loads, `ATTEMPTS` times in all."""
+    by the budget is timed again at the next loads, `ATTEMPTS` times in all. Returns whether the
+    steps may still be compiled: False where a calibration found that no compiler works here (said
+    on stderr)."""
     global LAST
     if os.environ.get(ENV, "").strip() == "0":
-        return
+        return compiles
     shapes = model_shapes(model)
     key = table_key(shapes, dtype, compiles)
     table = read_table(key)
     # a model of untimed forms times nothing: nothing to announce
     announcing = announce is not None and any(form in FULL_PRECISION or form not in UNTIMED for form, _, _ in shapes)
-    if _due(table) and compiles and not compiler_works(announce if announcing else None):
-        # no working compiler: the steps will run eagerly (each says so at its first use), timed so
+    if _due(table) and compiles and (failure := compiler_failure(announce if announcing else None)) is not None:
+        # no working compiler: the steps run eagerly, the eager candidates are timed
+        print(f"summarize: running without torch.compile ({failure[:200]})", file=sys.stderr)
         compiles = False
         key = table_key(shapes, dtype, compiles)
         table = read_table(key)
@@ -156,6 +160,7 @@ def calibrate_model(model, dtype: torch.dtype, announce: Callable[[str | None], 
                   f"at most {BUDGET_SECONDS:.0f} s; {ENV}=0 skips it)", file=sys.stderr)
     machine.POLICY = replace(machine.POLICY, **table.fields)
     LAST = table
+    return compiles
 
 
 def _due(table: Table | None) -> bool:
@@ -164,18 +169,18 @@ def _due(table: Table | None) -> bool:
     return table is None or (not table.complete and table.attempts < ATTEMPTS)
 
 
-def compiler_works(announce: Callable[[str | None], None] | None = None) -> bool:
-    """Whether torch.compile builds and runs a small function here. Its first build on a machine
-    (the compiler's precompiled header, an empty kernel cache) takes seconds that the steps' first
-    compile would pay otherwise: paid here, before the calibration's budget starts, so that its
-    compiled candidates are timed within it. False where no C++ compiler works."""
+def compiler_failure(announce: Callable[[str | None], None] | None = None) -> str | None:
+    """Why torch.compile cannot build and run a small function here (None: it can). Its first build
+    on a machine (the compiler's precompiled header, an empty kernel cache) takes seconds that the
+    steps' first compile would pay otherwise: paid here, before the calibration's budget starts, so
+    that its compiled candidates are timed within it."""
     if announce is not None:
         announce("preparing the compiler")
     try:
         torch.compile(_doubled_sums, dynamic=False)(torch.ones(4, 16))
-        return True
-    except Exception:  # any failure of the compiler: the calibration times eager candidates only
-        return False
+        return None
+    except Exception as e:  # noqa: BLE001 - any failure of the compiler: the steps cannot be compiled
+        return first_line(e)
     finally:
         if announce is not None:
             announce(None)
