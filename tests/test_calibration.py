@@ -10,6 +10,7 @@ output in fp32 (tests/test_linear.py), 1e-2 where a kernel reads x in bf16 (test
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import replace
 
@@ -247,6 +248,24 @@ def test_no_batch_race_where_one_row_of_the_copy_loses():
 def test_a_model_of_compact_weights_races_no_copy(form):
     table = calibrate(shapes(form), torch.bfloat16, timer=faster("int4 copy", range(1, 1000)))
     assert "int4_copy_generates" not in table.fields
+
+
+def test_each_timing_reads_its_weights_from_memory_without_holding_a_copy_more(monkeypatch):
+    """The copies a timing reads in turn hold `COPIES_BYTES` of distinct bytes per form read (so
+    that each is read from memory, not cache), and no more: with int4 copies, every copy has an int4
+    copy of its own while the full weights they copy are shared in a ring of their own size; int8
+    twins the same, ringed by their own size."""
+    weight_bytes = 256 * 128 * 2  # bf16
+    monkeypatch.setattr(calibration, "COPIES_BYTES", 3 * weight_bytes)
+    [(_, _, copies)] = calibration.timed_weights(Counter({("bfloat16", 256, 128): 2}), "bfloat16", torch.bfloat16, int4_copy=True)
+    distinct = lambda tensors: len({t.data_ptr() for t in tensors})  # noqa: E731
+    int4_bytes = copies[0].int4_copy.nbytes
+    assert len(copies) == distinct(p.int4_copy for p in copies) == math.ceil(3 * weight_bytes / int4_bytes)
+    assert distinct(p.weight for p in copies) == 3
+    twins = calibration.int8_twins([(1.0, 128, copies)])
+    assert distinct(twins[id(p)].weight for p in copies) == math.ceil(3 * weight_bytes / (256 * 128))
+    packed = calibration.prepacked_twins(twins) if linear.can_prepack_int8() else {}
+    assert len({id(p) for p in packed.values()}) == (6 if packed else 0)
 
 
 def test_the_fastest_int8_widening_block_is_the_one_taken():

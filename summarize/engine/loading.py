@@ -294,6 +294,7 @@ def load_model(
     if device.type == "cpu":
         # before any step is compiled: the graphs follow the policy; without a working compiler, none is
         compiles = calibrate_model(model, dtype, announce, compiles)
+        release_free_memory()  # what a calibration held (its weights to time) goes back to the OS
         if copies:
             auto_forms(model, copy=bool(machine.POLICY.int4_copy_generates), int8=bool(machine.POLICY.int8_activations))
     if compiles:

@@ -267,7 +267,7 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
         """Whether int8 weights prepacked for oneDNN beat plain ones read by `_int_mm`: faster for a
         batch of the most sequences generating together, and at most `PREPACKED_READ_SLACK` times
         as slow for a share of a prompt. None: out of time."""
-        packed = {key: prepacked_twin(twin) for key, twin in twins.items()}
+        packed = prepacked_twins(twins)
         ways = {"int8 activations": lambda x, p: int8_product(x, twins[id(p)]),
                 "int8 prepacked": lambda x, p: prepacked_product(x, packed[id(p)])}
         own = {name: (lambda p: dequantized(twins[id(p)]), INT8_ACTIVATIONS_TOLERANCE) for name in ways}
@@ -307,13 +307,14 @@ def calibrate(shapes: Counter[tuple[str, int, int]], dtype: torch.dtype, timer: 
                 packed = prepacked_wins(weights, twins)
                 if packed is not None:
                     chosen["int8_prepacked"] = int(packed)
+            weights = twins = None  # freed before the next race's weights are made
     if copied and "int8_activations" in chosen:
         # sequences generating together: their int4 copy, or the weights as the reads store them
         own = dict(COPY_OWN)
         if chosen["int8_activations"]:
             twins = int8_twins(copied)
             own["int8 activations"] = (lambda p: dequantized(twins[id(p)]), INT8_ACTIVATIONS_TOLERANCE)
-            packed = {key: prepacked_twin(twin) for key, twin in twins.items()} if chosen.get("int8_prepacked") else None
+            packed = prepacked_twins(twins) if chosen.get("int8_prepacked") else None
             rounded: dict[str, tuple] = {}  # x and its rounding, made once per x where a compiled step fuses it
 
             def int8_batch(x: Tensor, p: Projection) -> Tensor:
@@ -412,15 +413,23 @@ def full_precision_candidates(dtype: torch.dtype, compiles: bool) -> dict[str, P
 
 
 def int8_twins(weights: list[tuple[float, int, list[Projection]]]) -> dict[int, Projection]:
-    """id of each timed projection → its weight as int8 (what quantize="auto" would store)."""
-    return {id(p): quantized(copy.deepcopy(p), "int8") for _, _, copies in weights for p in copies}
+    """id of each timed projection → its weight as int8 (what quantize="auto" would store): as many
+    distinct twins per set as `read_from_memory` asks, shared in turn by its projections."""
+    twins = {}
+    for _, _, copies in weights:
+        made = [quantized(Projection(p.weight), "int8") for p in copies[:read_from_memory(copies[0].weight.numel())]]
+        twins |= {id(p): made[i % len(made)] for i, p in enumerate(copies)}
+    return twins
 
 
-def prepacked_twin(twin: Projection) -> Projection:
-    """An int8 twin (`int8_twins`) held prepacked for oneDNN's int8 kernel."""
-    packed = copy.deepcopy(twin)
-    packed.prepack_int8(keep_rows=False)
-    return packed
+def prepacked_twins(twins: dict[int, Projection]) -> dict[int, Projection]:
+    """The int8 twins (`int8_twins`) held prepacked for oneDNN's int8 kernel, a shared twin once."""
+    packed: dict[int, Projection] = {}  # id of a twin → its prepacked one
+    for twin in twins.values():
+        if id(twin) not in packed:
+            packed[id(twin)] = copy.deepcopy(twin)
+            packed[id(twin)].prepack_int8(keep_rows=False)
+    return {key: packed[id(twin)] for key, twin in twins.items()}
 
 
 def int4_copy_product(x: Tensor, projection: Projection) -> Tensor:
@@ -478,11 +487,27 @@ def timed_weights(shapes: Counter[tuple[str, int, int]], form: str, dtype: torch
             continue
         if int4_copy and not one.add_int4_copy():
             continue
-        size = one.int4_copy.nbytes if int4_copy else sum(b.nbytes for b in one.buffers())
-        most = MAX_COPIES * (4 if int4_copy else 1)  # an int4 copy is a quarter of bf16's bytes or less
-        copies = [one] + [copy.deepcopy(one) for _ in range(min(most, max(2, math.ceil(COPIES_BYTES / size))) - 1)]
+        if int4_copy:  # each copy an int4 copy of its own; the full weights they copy, in a ring of their own size
+            most = MAX_COPIES * 4  # an int4 copy is a quarter of bf16's bytes or less
+            fulls = [one.weight] + [one.weight.clone() for _ in range(read_from_memory(one.weight.nbytes) - 1)]
+            copies = [one] + [_with_int4_copy(fulls[i % len(fulls)]) for i in range(1, min(most, read_from_memory(one.int4_copy.nbytes)))]
+        else:
+            copies = [one] + [copy.deepcopy(one) for _ in range(min(MAX_COPIES, read_from_memory(sum(b.nbytes for b in one.buffers()))) - 1)]
         timed.append((count * N / rows, K, copies))
     return timed
+
+
+def read_from_memory(size: int) -> int:
+    """How many distinct tensors of `size` bytes one timing reads in turn, so that each is read from
+    memory, not cache: `COPIES_BYTES` of them, two at least."""
+    return max(2, math.ceil(COPIES_BYTES / size))
+
+
+def _with_int4_copy(weight: Tensor) -> Projection:
+    """A projection of `weight` (shared, not copied) with an int4 copy of its own."""
+    projection = Projection(weight)
+    projection.add_int4_copy()
+    return projection
 
 
 def dequantized(projection: Projection) -> Tensor:
