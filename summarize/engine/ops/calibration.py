@@ -488,9 +488,9 @@ def timed_weights(shapes: Counter[tuple[str, int, int]], form: str, dtype: torch
         if int4_copy and not one.add_int4_copy():
             continue
         if int4_copy:  # each copy an int4 copy of its own; the full weights they copy, in a ring of their own size
-            most = MAX_COPIES * 4  # an int4 copy is a quarter of bf16's bytes or less
-            fulls = [one.weight] + [one.weight.clone() for _ in range(read_from_memory(one.weight.nbytes) - 1)]
-            copies = [one] + [_with_int4_copy(fulls[i % len(fulls)]) for i in range(1, min(most, read_from_memory(one.int4_copy.nbytes)))]
+            n_copies = min(MAX_COPIES * 4, read_from_memory(one.int4_copy.nbytes))  # an int4 copy: a quarter of bf16's bytes or less
+            fulls = [one.weight] + [one.weight.clone() for _ in range(min(n_copies, read_from_memory(one.weight.nbytes)) - 1)]
+            copies = [one] + [_with_int4_copy(fulls[i % len(fulls)]) for i in range(1, n_copies)]
         else:
             copies = [one] + [copy.deepcopy(one) for _ in range(min(MAX_COPIES, read_from_memory(sum(b.nbytes for b in one.buffers()))) - 1)]
         timed.append((count * N / rows, K, copies))
