@@ -414,7 +414,8 @@ def full_precision_candidates(dtype: torch.dtype, compiles: bool) -> dict[str, P
 
 def int8_twins(weights: list[tuple[float, int, list[Projection]]]) -> dict[int, Projection]:
     """id of each timed projection → its weight as int8 (what quantize="auto" would store): as many
-    distinct twins per set as `read_from_memory` asks, shared in turn by its projections."""
+    distinct twins per set as `read_from_memory` asks (no more than the set has projections), shared
+    in turn by its projections."""
     twins = {}
     for _, _, copies in weights:
         made = [quantized(Projection(p.weight), "int8") for p in copies[:read_from_memory(copies[0].weight.numel())]]
